@@ -1,0 +1,167 @@
+"""Safe, atomic file I/O shared by capture, reading and training records.
+
+Payloads are single-tensor safetensors files holding the key ``data``, the
+layout transformers' debugger writes. We write them ourselves (header plus one
+copy of the bytes) because ``safetensors.torch.save_file`` serializes into an
+intermediate buffer first, and capture runs inside every module call. The
+bytes are identical to what ``save_file`` writes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .errors import OutputDirError, PayloadError, UnsafePathError
+
+_DTYPE_CODES: dict[torch.dtype, str] = {
+    torch.float64: "F64",
+    torch.float32: "F32",
+    torch.float16: "F16",
+    torch.bfloat16: "BF16",
+    torch.int64: "I64",
+    torch.int32: "I32",
+    torch.int16: "I16",
+    torch.int8: "I8",
+    torch.uint8: "U8",
+    torch.bool: "BOOL",
+    torch.complex64: "C64",
+}
+for _name, _code in [
+    ("float8_e4m3fn", "F8_E4M3"),
+    ("float8_e5m2", "F8_E5M2"),
+    ("float8_e4m3fnuz", "F8_E4M3FNUZ"),
+    ("float8_e5m2fnuz", "F8_E5M2FNUZ"),
+    ("uint16", "U16"),
+    ("uint32", "U32"),
+    ("uint64", "U64"),
+]:
+    if hasattr(torch, _name):
+        _DTYPE_CODES[getattr(torch, _name)] = _code
+
+
+def tensor_bytes(tensor: torch.Tensor) -> memoryview:
+    """The raw little-endian bytes of a CPU-contiguous copy of ``tensor``."""
+    t = tensor.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    t = t.contiguous()
+    if t.numel() == 0:
+        return memoryview(b"")
+    return memoryview(t.reshape(-1).view(torch.uint8).numpy())
+
+
+def write_tensor_file(path: str | os.PathLike[str], tensor: torch.Tensor) -> int:
+    """Write ``tensor`` under key ``data`` as a safetensors file, atomically.
+
+    Returns the number of payload bytes written. Raises ``OutputDirError``
+    naming the file when the disk is full or the location is not writable.
+    """
+    code = _DTYPE_CODES.get(tensor.dtype)
+    if code is None:
+        raise PayloadError(f"{path}: dtype {tensor.dtype} cannot be stored in safetensors")
+    data = tensor_bytes(tensor)
+    header = json.dumps(
+        {"data": {"dtype": code, "shape": list(tensor.shape), "data_offsets": [0, data.nbytes]}},
+        separators=(",", ":"),
+    ).encode()
+    header += b" " * (-len(header) % 8)
+    tmp = f"{path}.tmp"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(len(header).to_bytes(8, "little"))
+            f.write(header)
+            f.write(data)
+        os.replace(tmp, path)
+    except OSError as e:
+        _discard(tmp)
+        raise OutputDirError(f"{path}: could not write payload: {e.strerror or e}") from e
+    return data.nbytes
+
+
+def write_json(path: str | os.PathLike[str], obj: Any, *, indent: int | None = 2) -> None:
+    """Write ``obj`` as JSON to ``path`` through a temporary file and a rename."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(obj, f, indent=indent, allow_nan=True)
+        os.replace(tmp, path)
+    except OSError as e:
+        _discard(tmp)
+        raise OutputDirError(f"{path}: could not write: {e.strerror or e}") from e
+
+
+def write_text(path: str | os.PathLike[str], text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file and a rename."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except OSError as e:
+        _discard(tmp)
+        raise OutputDirError(f"{path}: could not write: {e.strerror or e}") from e
+
+
+def _discard(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def resolve_inside(root: Path, relative: str) -> Path:
+    """Resolve a payload path from a trace JSON, refusing anything outside ``root``.
+
+    Absolute paths, ``..`` components and symbolic links that lead out of the
+    trace directory raise ``UnsafePathError``; nothing is opened.
+    """
+    if not isinstance(relative, str) or not relative:
+        raise UnsafePathError(f"{root}: tensor path {relative!r} is not a relative file name")
+    candidate = Path(relative)
+    if candidate.is_absolute() or relative.startswith(("/", "\\")) or ":" in candidate.parts[0]:
+        raise UnsafePathError(f"{root}: tensor path {relative!r} is absolute; refused")
+    if any(part == ".." for part in Path(relative.replace("\\", "/")).parts):
+        raise UnsafePathError(f"{root}: tensor path {relative!r} leaves the trace directory; refused")
+    real_root = root.resolve()
+    resolved = (real_root / candidate).resolve()
+    if resolved != real_root and real_root not in resolved.parents:
+        raise UnsafePathError(f"{root}: tensor path {relative!r} links outside the trace directory; refused")
+    return resolved
+
+
+def read_tensor_file(path: Path, key: str = "data") -> torch.Tensor:
+    """Read one tensor from a safetensors file through ``safe_open`` (memory-mapped, no pickle)."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            keys = list(f.keys())
+            if key not in keys:
+                raise PayloadError(f"{path}: no tensor named {key!r} (found {keys[:5]})")
+            return f.get_tensor(key)
+    except FileNotFoundError as e:
+        raise PayloadError(f"{path}: payload file is missing") from e
+    except (SafetensorError, OSError, ValueError, RuntimeError) as e:
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise PayloadError(f"{path}: not a readable safetensors file ({first})") from e
+
+
+def ensure_writable_dir(path: Path) -> None:
+    """Create ``path`` if needed and check that files can be made in it."""
+    if path.exists() and not path.is_dir():
+        raise OutputDirError(f"{path}: is a file, not a directory")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(prefix=".tracediff-probe-", dir=path)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise OutputDirError(f"{path}: cannot write here ({e.strerror or e})") from e

@@ -1,0 +1,34 @@
+"""What capture needs to know about ``torch.distributed``: rank, world size, DTensors."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def _initialized() -> bool:
+    return bool(torch.distributed.is_available() and torch.distributed.is_initialized())
+
+
+def current_rank() -> int:
+    """This process's rank, or 0 when not running distributed."""
+    return torch.distributed.get_rank() if _initialized() else 0
+
+
+def world_size() -> int:
+    """The number of ranks, or 1 when not running distributed."""
+    return torch.distributed.get_world_size() if _initialized() else 1
+
+
+def is_dtensor(value: Any) -> bool:
+    """True for a ``torch.distributed.tensor.DTensor`` (or anything holding a local shard)."""
+    return isinstance(value, torch.Tensor) and hasattr(value, "_local_tensor")
+
+
+def dtensor_layout(value: Any) -> dict[str, Any]:
+    """The global shape and placements of a DTensor, as JSON values."""
+    return {
+        "global_shape": list(value.shape),
+        "placements": [repr(p) for p in getattr(value, "placements", ())],
+    }

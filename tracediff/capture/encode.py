@@ -1,0 +1,127 @@
+"""Turning a module's inputs and outputs into the JSON of a tracediff trace.
+
+A tensor becomes a dict with transformers' string fields (``shape``,
+``dtype``, ``value``, ``mean``, ``std``, ``min``, ``max``) plus ``stats``
+(numbers, see :mod:`tracediff.capture.stats`) and ``device``. ``value`` is
+``./{name}.safetensors`` with ``tensors="full"``, the repr lines with
+``"repr"``, and absent with ``"summary"``.
+
+Lists and tuples become JSON lists and dicts (``ModelOutput`` included) and
+dataclasses become JSON objects, exactly as the standard trace nests them; a
+payload's file name follows the same nesting (``X_outputs_0``,
+``X_outputs_last_hidden_state``). A non-tensor leaf becomes
+``{"py_type": "int", "py_value": 3}`` when it is JSON-safe (None, bool, int,
+float, str and lists/tuples/dicts of those, tuples stored as lists), so that
+inputs can be rebuilt, and ``{"py_type": "DynamicCache", "repr": "..."}``
+otherwise.
+
+A tensor object seen again unchanged (same object, same version counter, as
+when one module's output is the next one's input) is neither written nor
+measured twice: its entry points to the first payload.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import weakref
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+
+from .._io import write_tensor_file
+from .compat import _tensor_lines, sanitize_repr
+from .distributed import dtensor_layout, is_dtensor
+from .stats import FLOAT_DTYPES, format_scalar, tensor_stats
+
+TensorMode = Literal["full", "summary", "repr"]
+_UNSAFE_FILE_CHARS = re.compile(r"[^\w.@+=-]")
+_PLAIN_SCALARS = (type(None), bool, int, float, str)
+
+
+def is_json_safe(value: Any, depth: int = 0) -> bool:
+    """True when ``value`` is None/bool/int/float/str or lists/tuples/str-keyed dicts of those."""
+    if isinstance(value, _PLAIN_SCALARS):
+        return True
+    if depth > 32:
+        return False
+    if type(value) in (list, tuple):
+        return all(is_json_safe(item, depth + 1) for item in value)
+    if type(value) is dict:
+        return all(isinstance(k, str) and is_json_safe(v, depth + 1) for k, v in value.items())
+    return False
+
+
+def _as_json(value: Any) -> Any:
+    if isinstance(value, (list, tuple)):
+        return [_as_json(item) for item in value]
+    if isinstance(value, dict):
+        return {k: _as_json(v) for k, v in value.items()}
+    return value
+
+
+class Encoder:
+    """Encodes values for one capture; keeps the payload counters and what it has seen."""
+
+    def __init__(self, folder: Path, tensors: TensorMode, *, full_dtensor: bool = False) -> None:
+        self.folder = folder
+        self.tensors = tensors
+        self.full_dtensor = full_dtensor
+        self.files = 0
+        self.payload_bytes = 0
+        self.devices: set[str] = set()
+        self.dtypes: set[str] = set()
+        self._seen: dict[int, tuple[weakref.ref[torch.Tensor], int, dict[str, Any]]] = {}
+
+    def encode(self, value: Any, name: str) -> Any:
+        if isinstance(value, torch.Tensor):
+            return self._tensor(value, name)
+        if is_json_safe(value):
+            return {"py_type": type(value).__name__, "py_value": _as_json(value)}
+        if isinstance(value, (list, tuple)):
+            return [self.encode(item, f"{name}_{i}") for i, item in enumerate(value)]
+        if isinstance(value, dict):
+            return {str(key): self.encode(item, f"{name}_{key}") for key, item in value.items()}
+        if dataclasses.is_dataclass(value) and not isinstance(value, type):
+            fields = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+            return {key: self.encode(item, f"{name}_{key}") for key, item in fields.items()}
+        return {"py_type": type(value).__name__, "repr": sanitize_repr(repr(value))}
+
+    def _tensor(self, value: torch.Tensor, name: str) -> dict[str, Any]:
+        seen = self._seen.get(id(value))
+        if seen is not None and seen[0]() is value and seen[1] == value._version:
+            return seen[2]
+        layout = None
+        tensor = value
+        if is_dtensor(value):
+            layout = dtensor_layout(value)
+            tensor = value.full_tensor() if self.full_dtensor else value._local_tensor
+        tensor = tensor.detach()
+        entry = self._describe(tensor, name)
+        if layout is not None:
+            layout["recorded"] = "full" if self.full_dtensor else "local"
+            entry["dtensor"] = layout
+        key = id(value)
+        self._seen[key] = (weakref.ref(value, lambda _ref, key=key: self._seen.pop(key, None)), value._version, entry)
+        return entry
+
+    def _describe(self, tensor: torch.Tensor, name: str) -> dict[str, Any]:
+        dtype = tensor.dtype
+        self.devices.add(str(tensor.device))
+        self.dtypes.add(str(dtype))
+        entry: dict[str, Any] = {"shape": repr(tensor.shape), "dtype": repr(dtype)}
+        if self.tensors == "full":
+            file_name = _UNSAFE_FILE_CHARS.sub("_", name) + ".safetensors"
+            self.payload_bytes += write_tensor_file(self.folder / file_name, tensor)
+            self.files += 1
+            entry["value"] = f"./{file_name}"
+        elif self.tensors == "repr":
+            entry["value"] = _tensor_lines(tensor)
+        stats = tensor_stats(tensor)
+        if dtype in FLOAT_DTYPES and stats.get("numel"):
+            for key in ("mean", "std", "min", "max"):
+                entry[key] = format_scalar(stats.get(key), dtype)
+        entry["stats"] = stats
+        entry["device"] = str(tensor.device)
+        return entry

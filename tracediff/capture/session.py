@@ -1,0 +1,381 @@
+"""The native capture: ``tracediff.capture``.
+
+Record every module call of a forward pass::
+
+    import tracediff
+
+    with tracediff.capture(model, "traces/hf") as session:
+        model(input_ids)
+    print(session.trace_dir, session.complete)
+
+The folder then holds a standard trace (``{Model}_debug_tree_FULL_TENSORS.json``,
+``..._SUMMARY.json``, one safetensors file per tensor) that transformers'
+tools can read, with what the standard trace loses put back:
+
+* every node has ``call_index`` and ``module_type``; the second call of a
+  module writes ``{path}@1_...`` files instead of overwriting the first;
+* parent modules keep their outputs (``prune_layers=False`` keeps every layer);
+* every tensor has numeric ``stats`` and nothing is written or measured twice;
+* non-tensor arguments are typed JSON values where possible;
+* ``tracediff_metadata.json`` records versions, devices, dtypes, ranks,
+  options, and whether the trace is complete.
+
+The model's outputs and autograd are untouched. If the forward raises, the
+trace recorded so far is written, marked incomplete with the module that
+raised, and the exception propagates. ``verify=True`` reruns the first
+top-level call without capture on exit and checks that the outputs are
+bit-identical (see ``CaptureSession.verification``).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import platform
+import random
+import shutil
+import sys
+from collections import defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from torch import nn
+
+from .._io import ensure_writable_dir, write_json
+from .._version import __version__
+from ..errors import OutputDirError, TracediffError, UsageError
+from ._patch import ForwardPatch
+from ._tree import prune_intermediate_layers, trace_file_names, without_values
+from .compat import sanitize_repr
+from .distributed import current_rank, is_dtensor, world_size
+from .encode import Encoder, TensorMode
+from .verify import Verification, compare_outputs
+
+METADATA_FILE = "tracediff_metadata.json"
+FORMAT_VERSION = 1
+_TENSOR_MODES = ("full", "summary", "repr")
+
+
+@dataclass
+class CaptureSession:
+    """What a capture did, filled in as it runs and final when the context exits."""
+
+    trace_dir: Path
+    recording: bool
+    complete: bool = False
+    calls: int = 0
+    files: int = 0
+    payload_bytes: int = 0
+    error: dict[str, Any] | None = None
+    verification: Verification | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+class _NativeRecorder:
+    def __init__(self, model: nn.Module, encoder: Encoder, progress: Any) -> None:
+        self.model_name = type(model).__name__
+        self.encoder = encoder
+        self.progress = progress
+        self.stack: list[dict[str, Any]] = []
+        self.counts: defaultdict[str, int] = defaultdict(int)
+        self.tree: dict[str, Any] | None = None
+        self.error: dict[str, Any] | None = None
+        self.failure: TracediffError | None = None
+        self.root_call: tuple[tuple[Any, ...], dict[str, Any], Any, Any] | None = None
+        self._rng_at_root: Any = None
+
+    def enter(self, module: nn.Module, path: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        call_index = self.counts[path]
+        self.counts[path] += 1
+        node: dict[str, Any] = {"module_path": path, "module_type": type(module).__name__, "call_index": call_index}
+        if path == self.model_name and self.root_call is None:
+            self._rng_at_root = _rng_state()
+        prefix = path if call_index == 0 else f"{path}@{call_index}"
+        given = {key: val for key, val in (("args", args), ("kwargs", kwargs)) if len(val) > 0}
+        node["inputs"] = self._encode(given, f"{prefix}_inputs")
+        node["children"] = []
+        self.stack.append(node)
+        return (node, prefix, args, kwargs)
+
+    def exit(self, token: Any, output: Any) -> None:
+        node, prefix, args, kwargs = token
+        node["outputs"] = self._encode(output, f"{prefix}_outputs")
+        if node["module_path"] == self.model_name and self.root_call is None:
+            self.root_call = (args, kwargs, output, self._rng_at_root)
+        self._close(node)
+
+    def error(self, token: Any, exc: BaseException) -> None:
+        node = token[0]
+        message = sanitize_repr(str(exc)).splitlines()[0] if str(exc) else ""
+        node["error"] = {"type": type(exc).__name__, "message": message}
+        if self.error is None:
+            self.error = {"module_path": node["module_path"], "call_index": node["call_index"], **node["error"]}
+        self._close(node)
+
+    def _encode(self, value: Any, name: str) -> Any:
+        if self.failure is not None:
+            return None
+        try:
+            return self.encoder.encode(value, name)
+        except TracediffError as e:  # e.g. the disk filled up: stop recording, keep the forward going
+            self.failure = e
+            return None
+        except Exception as e:  # noqa: BLE001 - capture must never break the user's forward
+            self.failure = TracediffError(f"{name}: could not record value: {type(e).__name__}: {e}")
+            return None
+
+    def _close(self, node: dict[str, Any]) -> None:
+        while self.stack and self.stack[-1] is not node:
+            self.stack.pop()
+        if self.stack:
+            self.stack.pop()
+        if not node["children"]:
+            del node["children"]
+        if self.stack:
+            self.stack[-1]["children"].append(node)
+        elif self.tree is None:
+            self.tree = node
+        else:
+            self.tree.setdefault("subsequent_calls", []).append(node)
+        if self.progress is not None:
+            self.progress.update(1)
+
+
+class _DTensorGatherer:
+    """On ranks that do not record, still join the collectives of ``full_tensor()``."""
+
+    def enter(self, module: nn.Module, path: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        _gather_all((args, kwargs))
+
+    def exit(self, token: Any, output: Any) -> None:
+        _gather_all(output)
+
+    def error(self, token: Any, exc: BaseException) -> None:
+        pass
+
+
+def _gather_all(value: Any) -> None:
+    if is_dtensor(value):
+        value.full_tensor()
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            _gather_all(item)
+    elif isinstance(value, dict):
+        for item in value.values():
+            _gather_all(item)
+
+
+def _rng_state() -> dict[str, Any]:
+    state: dict[str, Any] = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    random.setstate(state["python"])
+    if "cuda" in state:
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+_TRACE_FILE_SUFFIXES = (".safetensors", "_debug_tree_FULL_TENSORS.json", "_debug_tree_SUMMARY.json")
+
+
+def _is_trace_file(path: Path) -> bool:
+    return path.name == METADATA_FILE or path.name.endswith(_TRACE_FILE_SUFFIXES)
+
+
+def check_out_dir(out_dir: Path, *, overwrite: bool) -> None:
+    """Refuse an ``out_dir`` that is a file, or that is not empty unless ``overwrite``; change nothing."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise OutputDirError(f"{out_dir}: is a file, not a directory")
+    if out_dir.is_dir() and any(out_dir.iterdir()) and not overwrite:
+        raise OutputDirError(f"{out_dir}: is not empty; refusing to overwrite a trace (use --overwrite)")
+    existing = next((p for p in [out_dir, *out_dir.absolute().parents] if p.exists()), None)
+    if existing is None or not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise OutputDirError(f"{out_dir}: cannot write here ({existing} is not a writable directory)")
+
+
+def prepare_out_dir(out_dir: Path, *, overwrite: bool) -> None:
+    """Check ``out_dir`` before anything runs: a writable folder, empty unless ``overwrite``.
+
+    With ``overwrite=True`` the files of an earlier trace (payloads, trace JSON,
+    metadata, ``rank{r}/`` folders) are removed; other files are left alone.
+    """
+    check_out_dir(out_dir, overwrite=overwrite)
+    if out_dir.is_dir():
+        for entry in out_dir.iterdir():
+            if entry.is_dir() and entry.name.startswith("rank") and entry.name[4:].isdigit():
+                shutil.rmtree(entry)
+            elif entry.is_file() and _is_trace_file(entry):
+                entry.unlink()
+    ensure_writable_dir(out_dir)
+
+
+@contextmanager
+def capture(
+    model: nn.Module,
+    out_dir: str | Path,
+    *,
+    tensors: TensorMode = "full",
+    prune_layers: bool = False,
+    overwrite: bool = False,
+    verify: bool = False,
+    ranks: Literal["all"] | int = 0,
+    full_dtensor: bool = False,
+    progress: bool = False,
+) -> Iterator[CaptureSession]:
+    """Record every module call of ``model`` made inside the block into ``out_dir``.
+
+    Args:
+        model: the module to trace. Every submodule's ``forward`` is wrapped
+            for the duration of the block and restored exactly afterwards.
+        out_dir: the trace folder. It must be empty or absent, unless
+            ``overwrite=True``, which first removes the files of an earlier trace.
+        tensors: ``"full"`` (default) writes one safetensors payload per
+            distinct tensor; ``"summary"`` writes statistics only; ``"repr"``
+            stores ``repr()`` lines in the JSON, as ``use_repr=True`` does.
+        prune_layers: keep only the first and last numbered layer blocks in
+            the JSON, as transformers' debugger does by default (default False).
+        verify: on exit, rerun the first top-level call without capture (from
+            the RNG state it started with) and compare outputs bit for bit.
+        ranks: under ``torch.distributed``, the rank that records (default 0),
+            or ``"all"``: every rank writes its own trace to ``out_dir/rank{r}``.
+        full_dtensor: record a DTensor's full (gathered) value instead of its
+            local shard. Every rank then takes part in the gathers.
+        progress: show a progress bar of module calls on stderr (only when
+            stderr is a terminal).
+
+    Yields:
+        A ``CaptureSession``, complete once the block exits.
+
+    Raises:
+        OutputDirError: ``out_dir`` is a file, not writable, or holds a trace;
+            or writing a payload failed mid-capture (the trace written so far
+            is kept and marked incomplete).
+    """
+    if tensors not in _TENSOR_MODES:
+        raise UsageError(f"tensors={tensors!r}: expected one of {', '.join(_TENSOR_MODES)}")
+    rank, world = current_rank(), world_size()
+    recording = ranks == "all" or ranks == rank
+    out = Path(out_dir)
+    folder = out / f"rank{rank}" if ranks == "all" and world > 1 else out
+    if recording:
+        prepare_out_dir(folder, overwrite=overwrite)
+    session = CaptureSession(trace_dir=folder, recording=recording)
+    if not recording:
+        yield from _pass_through(model, session, gather=full_dtensor and world > 1)
+        return
+
+    encoder = Encoder(folder, tensors, full_dtensor=full_dtensor)
+    bar = _progress_bar(progress)
+    recorder = _NativeRecorder(model, encoder, bar)
+    patch = ForwardPatch(model, recorder, root_name=recorder.model_name)
+    options = {"tensors": tensors, "prune_layers": prune_layers, "verify": verify, "ranks": ranks,
+               "full_dtensor": full_dtensor}
+    started = _dt.datetime.now(_dt.timezone.utc)
+    raised = False
+    try:
+        yield session
+    except BaseException:
+        raised = True
+        raise
+    finally:
+        patch.restore()
+        if bar is not None:
+            bar.close()
+        if verify and not raised and recorder.root_call is not None and recorder.failure is None:
+            session.verification = _verify(model, recorder.root_call)
+        _finish(session, recorder, model, options, started, rank, world)
+    if recorder.failure is not None:
+        raise recorder.failure
+
+
+def _pass_through(model: nn.Module, session: CaptureSession, *, gather: bool) -> Iterator[CaptureSession]:
+    if not gather:
+        yield session
+        return
+    patch = ForwardPatch(model, _DTensorGatherer(), root_name=type(model).__name__)
+    try:
+        yield session
+    finally:
+        patch.restore()
+
+
+def _progress_bar(enabled: bool) -> Any:
+    if not enabled or not sys.stderr.isatty():
+        return None
+    from tqdm import tqdm
+
+    return tqdm(desc="capture", unit=" calls", file=sys.stderr, leave=False)
+
+
+def _verify(model: nn.Module, root_call: tuple[tuple[Any, ...], dict[str, Any], Any, Any]) -> Verification:
+    args, kwargs, captured, rng = root_call
+    after = _rng_state()
+    _set_rng_state(rng)
+    try:
+        plain = model(*args, **kwargs)
+    finally:
+        _set_rng_state(after)
+    return compare_outputs(captured, plain)
+
+
+def _finish(
+    session: CaptureSession,
+    recorder: _NativeRecorder,
+    model: nn.Module,
+    options: dict[str, Any],
+    started: _dt.datetime,
+    rank: int,
+    world: int,
+) -> None:
+    encoder = recorder.encoder
+    open_calls = bool(recorder.stack)
+    while recorder.stack:  # calls interrupted by something other than an exception in forward
+        recorder._close(recorder.stack[-1])
+    session.calls = sum(recorder.counts.values())
+    session.files, session.payload_bytes = encoder.files, encoder.payload_bytes
+    session.error = recorder.error
+    session.complete = (
+        recorder.tree is not None and recorder.error is None and recorder.failure is None and not open_calls
+    )
+    metadata = {
+        "format_version": FORMAT_VERSION,
+        "tracediff_version": __version__,
+        "torch_version": torch.__version__,
+        "python_version": platform.python_version(),
+        "model_class": f"{type(model).__module__}.{type(model).__qualname__}",
+        "model_name": recorder.model_name,
+        "devices": sorted(encoder.devices),
+        "dtypes": sorted(encoder.dtypes),
+        "world_size": world,
+        "rank": rank,
+        "created": started.isoformat(timespec="seconds"),
+        "options": options,
+        "complete": session.complete,
+        "error": recorder.error,
+        "capture_failure": str(recorder.failure) if recorder.failure else None,
+        "calls": session.calls,
+        "payload_files": encoder.files,
+        "payload_bytes": encoder.payload_bytes,
+        "verification": session.verification.to_dict() if session.verification else None,
+    }
+    session.metadata = metadata
+    try:
+        if recorder.tree is not None:
+            tree = recorder.tree
+            if options["prune_layers"]:
+                prune_intermediate_layers(tree)
+            full, summary = trace_file_names(recorder.model_name)
+            write_json(session.trace_dir / full, tree)
+            write_json(session.trace_dir / summary, without_values(tree))
+        write_json(session.trace_dir / METADATA_FILE, metadata)
+    except TracediffError as e:
+        if recorder.failure is None:
+            recorder.failure = e

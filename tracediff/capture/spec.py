@@ -1,0 +1,174 @@
+"""Capturing a model named by a SPEC, as ``tracediff capture`` does.
+
+A SPEC is ``package.module:function`` or ``path/to/script.py:function``; the
+function takes no arguments and returns ``(model, inputs)``, where inputs is
+a tensor, a tuple of positional arguments, or a dict of keyword arguments.
+
+Inputs files are safetensors files whose keys name where each tensor goes:
+``args.0``, ``args.1``, ... for positional arguments and ``kwargs.NAME`` for
+keyword arguments. ``save_inputs`` writes that layout and ``load_inputs``
+reads it back into the structure of the example inputs, so that two
+implementations can be captured on bit-identical inputs. Non-tensor inputs
+(``use_cache=False``) always come from the SPEC's function.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from .._io import ensure_writable_dir, read_tensor_file
+from ..errors import CaptureSpecError, InputsFileError, OutputDirError
+from .session import CaptureSession, capture, check_out_dir
+
+Inputs = tuple[tuple[Any, ...], dict[str, Any]]
+
+
+def load_spec(spec: str) -> tuple[nn.Module, Inputs]:
+    """Import the SPEC's function, call it, and return ``(model, (args, kwargs))``."""
+    target, sep, func_name = spec.rpartition(":")
+    if not sep or not target or not func_name:
+        raise CaptureSpecError(f"{spec}: expected package.module:function or path/to/script.py:function")
+    module = _import_target(spec, target)
+    func = getattr(module, func_name, None)
+    if not callable(func):
+        raise CaptureSpecError(f"{spec}: {target} has no function {func_name!r}")
+    try:
+        result = func()
+    except Exception as e:  # noqa: BLE001 - the user's code; report it in one line
+        raise CaptureSpecError(f"{spec}: calling {func_name}() raised {type(e).__name__}: {e}") from e
+    if not (isinstance(result, tuple) and len(result) == 2):
+        raise CaptureSpecError(f"{spec}: {func_name}() must return (model, inputs), got {type(result).__name__}")
+    model, inputs = result
+    if not isinstance(model, nn.Module):
+        raise CaptureSpecError(f"{spec}: the model returned by {func_name}() is a {type(model).__name__}, "
+                               "not a torch.nn.Module")
+    return model, _split_inputs(spec, inputs)
+
+
+def _import_target(spec: str, target: str) -> Any:
+    if target.endswith(".py") or "/" in target or "\\" in target:
+        path = Path(target)
+        if not path.is_file():
+            raise CaptureSpecError(f"{spec}: no such script {path}")
+        name = f"tracediff_spec_{abs(hash(str(path.resolve())))}"
+        loader_spec = importlib.util.spec_from_file_location(name, path)
+        if loader_spec is None or loader_spec.loader is None:
+            raise CaptureSpecError(f"{spec}: {path} cannot be imported")
+        module = importlib.util.module_from_spec(loader_spec)
+        sys.path.insert(0, str(path.parent.resolve()))
+        try:
+            loader_spec.loader.exec_module(module)
+        except Exception as e:  # noqa: BLE001
+            raise CaptureSpecError(f"{spec}: importing {path} raised {type(e).__name__}: {e}") from e
+        finally:
+            sys.path.remove(str(path.parent.resolve()))
+        return module
+    try:
+        return importlib.import_module(target)
+    except Exception as e:  # noqa: BLE001
+        raise CaptureSpecError(f"{spec}: cannot import {target} ({type(e).__name__}: {e})") from e
+
+
+def _split_inputs(spec: str, inputs: Any) -> Inputs:
+    if isinstance(inputs, torch.Tensor):
+        return (inputs,), {}
+    if isinstance(inputs, tuple):
+        return inputs, {}
+    if isinstance(inputs, dict) and all(isinstance(k, str) for k in inputs):
+        return (), dict(inputs)
+    raise CaptureSpecError(f"{spec}: inputs must be a tensor, a tuple of positional arguments or a dict of "
+                           f"keyword arguments, got {type(inputs).__name__}")
+
+
+def _tensor_slots(inputs: Inputs) -> dict[str, torch.Tensor]:
+    args, kwargs = inputs
+    slots = {f"args.{i}": v for i, v in enumerate(args) if isinstance(v, torch.Tensor)}
+    slots.update({f"kwargs.{k}": v for k, v in kwargs.items() if isinstance(v, torch.Tensor)})
+    return slots
+
+
+def save_inputs(path: str | Path, inputs: Inputs) -> None:
+    """Write the tensors of ``inputs`` to a safetensors file (keys ``args.i`` / ``kwargs.name``)."""
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    ensure_writable_dir(path.parent if str(path.parent) else Path("."))
+    tensors = {key: t.detach().cpu().contiguous() for key, t in _tensor_slots(inputs).items()}
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        save_file(tensors, str(tmp))
+        tmp.replace(path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise OutputDirError(f"{path}: could not write inputs: {e.strerror or e}") from e
+
+
+def load_inputs(path: str | Path, example: Inputs) -> Inputs:
+    """Replace the tensors of ``example`` with those stored in ``path``; keys must match exactly."""
+    from safetensors import SafetensorError, safe_open
+
+    path = Path(path)
+    if not path.is_file():
+        raise InputsFileError(f"{path}: inputs file not found")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            keys = set(f.keys())
+    except (SafetensorError, OSError, ValueError, RuntimeError) as e:
+        raise InputsFileError(f"{path}: not a readable safetensors file ({str(e).splitlines()[0]})") from e
+    slots = _tensor_slots(example)
+    missing, unexpected = sorted(set(slots) - keys), sorted(keys - set(slots))
+    if missing or unexpected:
+        raise InputsFileError(f"{path}: keys do not match the model's inputs (missing: {missing or 'none'}; "
+                              f"unexpected: {unexpected or 'none'}; expected: {sorted(slots)})")
+    args, kwargs = list(example[0]), dict(example[1])
+    for key, original in slots.items():
+        loaded = read_tensor_file(path, key).to(original.device)
+        kind, _, name = key.partition(".")
+        if kind == "args":
+            args[int(name)] = loaded
+        else:
+            kwargs[name] = loaded
+    return tuple(args), kwargs
+
+
+def capture_spec(
+    spec: str,
+    out_dir: str | Path,
+    *,
+    inputs: str | Path | None = None,
+    save_inputs_to: str | Path | None = None,
+    tensors: str = "full",
+    overwrite: bool = False,
+    verify: bool = False,
+    prune_layers: bool = False,
+    progress: bool = False,
+) -> CaptureSession:
+    """Load a SPEC, optionally replace its inputs, and capture one forward under ``torch.no_grad()``.
+
+    The output folder is checked before the model is built, and an earlier
+    trace in it is replaced only once the model and its inputs are ready.
+    """
+    check_out_dir(Path(out_dir), overwrite=overwrite)
+    model, example = load_spec(spec)
+    args, kwargs = load_inputs(inputs, example) if inputs is not None else example
+    if save_inputs_to is not None:
+        save_inputs(save_inputs_to, (args, kwargs))
+    session = None
+    try:
+        with torch.no_grad(), capture(model, out_dir, tensors=tensors, overwrite=True,  # type: ignore[arg-type]
+                                      verify=verify, prune_layers=prune_layers, progress=progress) as session:
+            model(*args, **kwargs)
+    except Exception as e:
+        if session is None or session.error is None:
+            raise
+        where = f"{session.error['module_path']} (call {session.error['call_index']})"
+        raise CaptureSpecError(f"{spec}: the forward raised {type(e).__name__} in {where}: {e}; "
+                               f"the partial trace is in {session.trace_dir}") from e
+    return session

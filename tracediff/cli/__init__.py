@@ -1,0 +1,1 @@
+"""The ``tracediff`` command line: thin layers over the library."""

@@ -1,0 +1,52 @@
+"""``tracediff capture SPEC --out DIR``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from ...capture.spec import capture_spec
+
+EXAMPLE = """example:
+  tracediff capture my_port.py:build --out traces/port --inputs inputs.safetensors
+  tracediff capture mypkg.reference:build --out traces/orig --save-inputs inputs.safetensors
+
+SPEC names a function returning (model, inputs); inputs is a tensor, a tuple
+of positional arguments or a dict of keyword arguments. The forward runs once
+under torch.no_grad()."""
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("capture", help="record every module call of one forward pass",
+                       description="Record every module call of one forward pass into a trace folder.",
+                       epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("spec", metavar="SPEC", help="package.module:function or path/to/script.py:function")
+    p.add_argument("--out", required=True, metavar="DIR", help="trace folder (must be empty unless --overwrite)")
+    p.add_argument("--inputs", metavar="FILE", help="safetensors file replacing the example inputs "
+                   "(keys args.0, kwargs.NAME)")
+    p.add_argument("--save-inputs", metavar="FILE", help="also write the inputs used to FILE")
+    p.add_argument("--tensors", choices=["full", "summary", "repr"], default="full",
+                   help="full payloads (default), statistics only, or repr lines")
+    p.add_argument("--prune-layers", action="store_true", help="keep only the first and last layer blocks")
+    p.add_argument("--overwrite", action="store_true", help="replace a trace already in DIR")
+    p.add_argument("--verify", action="store_true",
+                   help="also run without capture and check the outputs are bit-identical (exit 1 if not)")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    session = capture_spec(args.spec, args.out, inputs=args.inputs, save_inputs_to=args.save_inputs,
+                           tensors=args.tensors, overwrite=args.overwrite, verify=args.verify,
+                           prune_layers=args.prune_layers, progress=True)
+    size = session.payload_bytes / 1e6
+    print(f"captured {session.calls} module calls into {session.trace_dir} "
+          f"({session.files} payload files, {size:.1f} MB)")
+    if session.verification is not None:
+        v = session.verification
+        if v:
+            print(f"verified: {v.compared} outputs bit-identical to a run without capture")
+        else:
+            print(f"verification failed: {'; '.join(v.differences)}", file=sys.stderr)
+            return 1
+    return 0
