@@ -13,6 +13,7 @@ Capture both implementations, then align the traces::
 """
 
 from ._version import __version__
+from .align import Alignment, ArgumentDiff, TensorComparison, Unmatched, align, assert_traces_close
 from .capture import CaptureSession, Verification, capture, model_addition_debugger_context
 from .errors import (
     CaptureSpecError,
@@ -24,6 +25,7 @@ from .errors import (
     UnsafePathError,
     UsageError,
 )
+from .trace import Node, TensorRecord, Trace, load_trace
 
 __all__ = [
     "__version__",
@@ -31,6 +33,16 @@ __all__ = [
     "CaptureSession",
     "Verification",
     "model_addition_debugger_context",
+    "load_trace",
+    "Trace",
+    "Node",
+    "TensorRecord",
+    "align",
+    "assert_traces_close",
+    "Alignment",
+    "TensorComparison",
+    "Unmatched",
+    "ArgumentDiff",
     "TracediffError",
     "TraceFormatError",
     "UnsafePathError",

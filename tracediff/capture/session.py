@@ -51,7 +51,7 @@ from ..errors import OutputDirError, TracediffError, UsageError
 from ._patch import ForwardPatch
 from ._tree import prune_intermediate_layers, trace_file_names, without_values
 from .compat import sanitize_repr
-from .distributed import current_rank, is_dtensor, world_size
+from .distributed import current_rank, world_size
 from .encode import Encoder, TensorMode
 from .verify import Verification, compare_outputs
 
@@ -83,7 +83,9 @@ class _NativeRecorder:
         self.stack: list[dict[str, Any]] = []
         self.counts: defaultdict[str, int] = defaultdict(int)
         self.tree: dict[str, Any] | None = None
-        self.error: dict[str, Any] | None = None
+        # The exception that escaped a top-level call; one caught inside the model does not count.
+        self.escaped_error: dict[str, Any] | None = None
+        self._raised_in_call: dict[str, Any] | None = None
         self.failure: TracediffError | None = None
         self.root_call: tuple[tuple[Any, ...], dict[str, Any], Any, Any] | None = None
         self._rng_at_root: Any = None
@@ -95,8 +97,14 @@ class _NativeRecorder:
         if path == self.model_name and self.root_call is None:
             self._rng_at_root = _rng_state()
         prefix = path if call_index == 0 else f"{path}@{call_index}"
-        given = {key: val for key, val in (("args", args), ("kwargs", kwargs)) if len(val) > 0}
-        node["inputs"] = self._encode(given, f"{prefix}_inputs")
+        # Encode each argument on its own so that ``inputs`` is always {"args": [...], "kwargs": {...}},
+        # even when every argument is a plain Python value.
+        inputs: dict[str, Any] = {}
+        if args:
+            inputs["args"] = [self._encode(arg, f"{prefix}_inputs_args_{i}") for i, arg in enumerate(args)]
+        if kwargs:
+            inputs["kwargs"] = {str(k): self._encode(v, f"{prefix}_inputs_kwargs_{k}") for k, v in kwargs.items()}
+        node["inputs"] = inputs
         node["children"] = []
         self.stack.append(node)
         return (node, prefix, args, kwargs)
@@ -106,15 +114,20 @@ class _NativeRecorder:
         node["outputs"] = self._encode(output, f"{prefix}_outputs")
         if node["module_path"] == self.model_name and self.root_call is None:
             self.root_call = (args, kwargs, output, self._rng_at_root)
+        self._raised_in_call = None  # a call returned: any exception raised before was caught by the model
         self._close(node)
 
     def error(self, token: Any, exc: BaseException) -> None:
         node = token[0]
         message = sanitize_repr(str(exc)).splitlines()[0] if str(exc) else ""
         node["error"] = {"type": type(exc).__name__, "message": message}
-        if self.error is None:
-            self.error = {"module_path": node["module_path"], "call_index": node["call_index"], **node["error"]}
-        self._close(node)
+        if self._raised_in_call is None:  # the innermost module, where the exception was raised
+            self._raised_in_call = {"module_path": node["module_path"], "call_index": node["call_index"],
+                                    **node["error"]}
+        if self._close(node):
+            if self.escaped_error is None:
+                self.escaped_error = self._raised_in_call
+            self._raised_in_call = None
 
     def _encode(self, value: Any, name: str) -> Any:
         if self.failure is not None:
@@ -128,45 +141,24 @@ class _NativeRecorder:
             self.failure = TracediffError(f"{name}: could not record value: {type(e).__name__}: {e}")
             return None
 
-    def _close(self, node: dict[str, Any]) -> None:
+    def _close(self, node: dict[str, Any]) -> bool:
+        """Attach a finished call to its parent; True when it was a top-level call."""
         while self.stack and self.stack[-1] is not node:
             self.stack.pop()
         if self.stack:
             self.stack.pop()
         if not node["children"]:
             del node["children"]
+        if self.progress is not None:
+            self.progress.update(1)
         if self.stack:
             self.stack[-1]["children"].append(node)
-        elif self.tree is None:
+            return False
+        if self.tree is None:
             self.tree = node
         else:
             self.tree.setdefault("subsequent_calls", []).append(node)
-        if self.progress is not None:
-            self.progress.update(1)
-
-
-class _DTensorGatherer:
-    """On ranks that do not record, still join the collectives of ``full_tensor()``."""
-
-    def enter(self, module: nn.Module, path: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        _gather_all((args, kwargs))
-
-    def exit(self, token: Any, output: Any) -> None:
-        _gather_all(output)
-
-    def error(self, token: Any, exc: BaseException) -> None:
-        pass
-
-
-def _gather_all(value: Any) -> None:
-    if is_dtensor(value):
-        value.full_tensor()
-    elif isinstance(value, (list, tuple)):
-        for item in value:
-            _gather_all(item)
-    elif isinstance(value, dict):
-        for item in value.values():
-            _gather_all(item)
+        return True
 
 
 def _rng_state() -> dict[str, Any]:
@@ -269,7 +261,7 @@ def capture(
         prepare_out_dir(folder, overwrite=overwrite)
     session = CaptureSession(trace_dir=folder, recording=recording)
     if not recording:
-        yield from _pass_through(model, session, gather=full_dtensor and world > 1)
+        yield from _pass_through(model, session, gather=full_dtensor and world > 1, verify=verify)
         return
 
     encoder = Encoder(folder, tensors, full_dtensor=full_dtensor)
@@ -296,15 +288,30 @@ def capture(
         raise recorder.failure
 
 
-def _pass_through(model: nn.Module, session: CaptureSession, *, gather: bool) -> Iterator[CaptureSession]:
-    if not gather:
+def _pass_through(
+    model: nn.Module, session: CaptureSession, *, gather: bool, verify: bool
+) -> Iterator[CaptureSession]:
+    """On a rank that does not record, take part in the collectives of the recording ranks.
+
+    Those gather DTensors (``full_dtensor``) and rerun the forward (``verify``).
+    Running the same recorder, writing nothing, makes the gathers match the
+    recording rank's one for one (same traversal, same deduplication).
+    """
+    if not gather and not verify:
         yield session
         return
-    patch = ForwardPatch(model, _DTensorGatherer(), root_name=type(model).__name__)
+    recorder = _NativeRecorder(model, Encoder(session.trace_dir, "summary", full_dtensor=gather), None)
+    patch = ForwardPatch(model, recorder, root_name=recorder.model_name)
+    raised = False
     try:
         yield session
+    except BaseException:
+        raised = True
+        raise
     finally:
         patch.restore()
+        if verify and not raised and recorder.root_call is not None and recorder.failure is None:
+            session.verification = _verify(model, recorder.root_call)
 
 
 def _progress_bar(enabled: bool) -> Any:
@@ -321,6 +328,10 @@ def _verify(model: nn.Module, root_call: tuple[tuple[Any, ...], dict[str, Any], 
     _set_rng_state(rng)
     try:
         plain = model(*args, **kwargs)
+    except Exception as e:  # noqa: BLE001 - a behaviour difference to report, not a reason to lose the trace
+        message = str(e).splitlines()[0] if str(e) else ""
+        return Verification(identical=False, compared=0,
+                            differences=(f"the run without capture raised {type(e).__name__}: {message}",))
     finally:
         _set_rng_state(after)
     return compare_outputs(captured, plain)
@@ -341,9 +352,9 @@ def _finish(
         recorder._close(recorder.stack[-1])
     session.calls = sum(recorder.counts.values())
     session.files, session.payload_bytes = encoder.files, encoder.payload_bytes
-    session.error = recorder.error
+    session.error = recorder.escaped_error
     session.complete = (
-        recorder.tree is not None and recorder.error is None and recorder.failure is None and not open_calls
+        recorder.tree is not None and recorder.escaped_error is None and recorder.failure is None and not open_calls
     )
     metadata = {
         "format_version": FORMAT_VERSION,
@@ -359,7 +370,7 @@ def _finish(
         "created": started.isoformat(timespec="seconds"),
         "options": options,
         "complete": session.complete,
-        "error": recorder.error,
+        "error": recorder.escaped_error,
         "capture_failure": str(recorder.failure) if recorder.failure else None,
         "calls": session.calls,
         "payload_files": encoder.files,

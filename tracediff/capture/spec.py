@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -62,18 +65,33 @@ def _import_target(spec: str, target: str) -> Any:
         if loader_spec is None or loader_spec.loader is None:
             raise CaptureSpecError(f"{spec}: {path} cannot be imported")
         module = importlib.util.module_from_spec(loader_spec)
-        sys.path.insert(0, str(path.parent.resolve()))
+        # Registered like any import: dataclasses and pickling look the module up in sys.modules.
+        sys.modules[name] = module
         try:
-            loader_spec.loader.exec_module(module)
+            with _on_sys_path(str(path.parent.resolve())):
+                loader_spec.loader.exec_module(module)
         except Exception as e:  # noqa: BLE001
+            sys.modules.pop(name, None)
             raise CaptureSpecError(f"{spec}: importing {path} raised {type(e).__name__}: {e}") from e
-        finally:
-            sys.path.remove(str(path.parent.resolve()))
         return module
     try:
-        return importlib.import_module(target)
+        # As `python -m` does: a package in the current directory is importable from the console script too.
+        with _on_sys_path(os.getcwd()):
+            return importlib.import_module(target)
     except Exception as e:  # noqa: BLE001
         raise CaptureSpecError(f"{spec}: cannot import {target} ({type(e).__name__}: {e})") from e
+
+
+@contextmanager
+def _on_sys_path(folder: str) -> Iterator[None]:
+    added = folder not in sys.path
+    if added:
+        sys.path.insert(0, folder)
+    try:
+        yield
+    finally:
+        if added and folder in sys.path:
+            sys.path.remove(folder)
 
 
 def _split_inputs(spec: str, inputs: Any) -> Inputs:

@@ -1,5 +1,5 @@
 """One module per subcommand, each with ``register(subparsers)``."""
 
-from . import capture
+from . import align, capture
 
-ALL = [capture]
+ALL = [capture, align]

@@ -1,0 +1,111 @@
+"""Comparing one matched tensor pair: from payloads when both exist, else from statistics."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from ..errors import TracediffError
+from ..trace.load import Trace
+from ..trace.model import TensorRecord
+from .metrics import PairMetrics, compare_tensors
+
+_STAT_KEYS = ("mean", "std", "min", "max", "abs_mean")
+NAN = math.nan
+
+
+def compare_records(
+    trace_a: Trace, ra: TensorRecord, trace_b: Trace, rb: TensorRecord, *, atol: float, rtol: float
+) -> dict[str, Any]:
+    """The metric fields of a row (status, reason and every metric) for one tensor pair."""
+    if ra.shape is not None and rb.shape is not None and ra.shape != rb.shape:
+        return _verdict("shape_mismatch", False, f"shape differs: {list(ra.shape)} vs {list(rb.shape)}")
+    if ra.has_payload and rb.has_payload:
+        try:
+            a, b = trace_a.load(ra), trace_b.load(rb)
+        except TracediffError as e:
+            return _verdict("unreadable", None, str(e))
+        if a.shape != b.shape:
+            return _verdict("shape_mismatch", False, f"shape differs: {list(a.shape)} vs {list(b.shape)}")
+        metrics = compare_tensors(a, b, atol=atol, rtol=rtol)
+        return _from_metrics(metrics, approximate=False, note=_dtype_note(ra, rb))
+    return compare_stats(ra, rb, atol=atol, rtol=rtol)
+
+
+def _dtype_note(ra: TensorRecord, rb: TensorRecord) -> str:
+    return f"dtype differs: {ra.dtype} vs {rb.dtype} (compared in float64)" if ra.dtype != rb.dtype else ""
+
+
+def _from_metrics(m: PairMetrics, *, approximate: bool, note: str = "") -> dict[str, Any]:
+    if m.identical:
+        status, reason = "identical", note
+    elif m.within_tolerance:
+        status, reason = "close", note
+    else:
+        parts = [f"{m.mismatched} of {m.numel} elements out of tolerance"]
+        if m.nan_mismatch:
+            parts.append(f"{m.nan_mismatch} NaN where the other side is not")
+        if m.inf_mismatch:
+            parts.append(f"{m.inf_mismatch} infinities that differ")
+        status, reason = "diverged", "; ".join(parts + ([note] if note else []))
+    return {
+        "status": status, "reason": reason, "within_tolerance": m.within_tolerance, "approximate": approximate,
+        "max_abs_err": m.max_abs_err, "max_rel_err": m.max_rel_err, "mean_abs_err": m.mean_abs_err,
+        "rms_err": m.rms_err, "cosine": m.cosine, "mismatch_fraction": m.mismatch_fraction,
+        "nan_mismatch": m.nan_mismatch, "inf_mismatch": m.inf_mismatch,
+        "required_atol": m.required_atol, "required_rtol": m.required_rtol,
+    }
+
+
+def _verdict(status: str, within: bool | None, reason: str) -> dict[str, Any]:
+    return {
+        "status": status, "reason": reason, "within_tolerance": within, "approximate": False,
+        "max_abs_err": NAN, "max_rel_err": NAN, "mean_abs_err": NAN, "rms_err": NAN, "cosine": NAN,
+        "mismatch_fraction": NAN, "nan_mismatch": 0, "inf_mismatch": 0,
+        "required_atol": NAN, "required_rtol": NAN,
+    }
+
+
+def compare_stats(ra: TensorRecord, rb: TensorRecord, *, atol: float, rtol: float) -> dict[str, Any]:
+    """An approximate verdict from recorded statistics (mean, std, min, max, abs_mean).
+
+    Each statistic of B must lie within ``atol + rtol * |statistic of A|``;
+    ``max_abs_err`` and ``max_rel_err`` are the largest differences among the
+    statistics, and NaN/Inf counts must agree. The other metrics are NaN.
+    """
+    keys = [k for k in _STAT_KEYS if k in ra.stats and k in rb.stats]
+    if not keys:
+        missing = "A" if not ra.stats else "B"
+        return _verdict("no_data", None, f"no payload and no statistics in {missing}")
+    worst_abs, worst_rel, failing = 0.0, 0.0, []
+    for key in keys:
+        va, vb = float(ra.stats[key]), float(rb.stats[key])
+        if math.isnan(va) and math.isnan(vb) or va == vb:
+            continue
+        diff = abs(va - vb)
+        if math.isnan(diff):
+            diff = math.inf
+        worst_abs = max(worst_abs, diff)
+        worst_rel = max(worst_rel, diff / abs(va) if va else math.inf)
+        if not diff <= atol + rtol * abs(va):
+            failing.append(f"{key} {va:.6g} vs {vb:.6g}")
+    nan_a, nan_b = int(ra.stats.get("nan", 0)), int(rb.stats.get("nan", 0))
+    inf_a = int(ra.stats.get("posinf", 0)) + int(ra.stats.get("neginf", 0))
+    inf_b = int(rb.stats.get("posinf", 0)) + int(rb.stats.get("neginf", 0))
+    if nan_a != nan_b:
+        failing.append(f"NaN count {nan_a} vs {nan_b}")
+    if inf_a != inf_b:
+        failing.append(f"Inf count {inf_a} vs {inf_b}")
+    within = not failing
+    reason = "compared on statistics only: " + (", ".join(failing) if failing else ", ".join(keys))
+    stale = ra.stale_reason or rb.stale_reason
+    if stale:
+        reason += f" ({stale})"
+    return {
+        "status": "close" if within else "diverged",  # equal statistics do not prove equal tensors
+        "reason": reason, "within_tolerance": within, "approximate": True,
+        "max_abs_err": worst_abs, "max_rel_err": worst_rel, "mean_abs_err": NAN, "rms_err": NAN, "cosine": NAN,
+        "mismatch_fraction": NAN, "nan_mismatch": abs(nan_a - nan_b), "inf_mismatch": abs(inf_a - inf_b),
+        "required_atol": worst_abs if nan_a == nan_b and inf_a == inf_b else math.inf,
+        "required_rtol": worst_rel if nan_a == nan_b and inf_a == inf_b else math.inf,
+    }

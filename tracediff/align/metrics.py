@@ -1,0 +1,248 @@
+"""Error metrics between a reference tensor ``a`` and a candidate ``b``.
+
+Every metric is defined here once, over the positions where both values are
+finite (``F``), in float64:
+
+===================  ==========================================================
+``max_abs_err``      ``max |a - b|`` over F
+``max_rel_err``      ``max |a - b| / |a|`` over F; where ``a == 0`` the ratio
+                     is 0 if ``b == 0`` too and ``inf`` otherwise, so it is
+                     exactly the smallest rtol that passes with ``atol=0``
+``mean_abs_err``     ``mean |a - b|`` over F
+``rms_err``          ``sqrt(mean (a - b)^2)`` over F
+``cosine``           ``<a, b> / (|a| |b|)`` over F; 1 if both are all zeros,
+                     0 if only one is
+``nan_mismatch``     positions where exactly one side is NaN
+``inf_mismatch``     positions with an infinity on either side that is not
+                     the same infinity on the other (NaN positions excluded)
+``mismatch_fraction``  fraction of all positions violating the
+                     ``torch.testing.assert_close`` rule
+                     ``|a - b| <= atol + rtol * |a|`` (``a`` is the
+                     reference); NaN against NaN and an infinity against the
+                     same infinity pass, any other non-finite pair fails
+``required_atol``    the smallest atol that passes with ``rtol=0``:
+                     ``max_abs_err``, or ``inf`` with a non-finite mismatch
+``required_rtol``    the smallest rtol that passes with ``atol=0``:
+                     ``max_rel_err``, or ``inf`` with a non-finite mismatch
+===================  ==========================================================
+
+``compare_tensors`` computes all of them in one streaming pass over chunks of
+the flattened inputs (temporaries stay small, so memory does not grow with
+tensor size) after a bitwise-equality fast path. The small functions in
+``METRICS`` compute one metric each, directly from the definitions; they are
+the reference the streaming kernel is tested against.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import torch
+
+CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class PairMetrics:
+    """Every metric of one tensor pair under one (atol, rtol)."""
+
+    numel: int
+    identical: bool
+    max_abs_err: float
+    max_rel_err: float
+    mean_abs_err: float
+    rms_err: float
+    cosine: float
+    nan_mismatch: int
+    inf_mismatch: int
+    mismatched: int
+    mismatch_fraction: float
+    required_atol: float
+    required_rtol: float
+
+    @property
+    def within_tolerance(self) -> bool:
+        return self.mismatched == 0
+
+    def to_dict(self) -> dict[str, float | int | bool]:
+        return asdict(self)
+
+
+def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """True when ``a`` and ``b`` have the same dtype, shape and bytes (NaN payloads included)."""
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    if a.numel() == 0:
+        return True
+    a8 = a.contiguous().reshape(-1).view(torch.uint8)
+    b8 = b.contiguous().reshape(-1).view(torch.uint8)
+    return bool(torch.equal(a8, b8))
+
+
+def _identical(n: int) -> PairMetrics:
+    return PairMetrics(numel=n, identical=True, max_abs_err=0.0, max_rel_err=0.0, mean_abs_err=0.0, rms_err=0.0,
+                       cosine=1.0, nan_mismatch=0, inf_mismatch=0, mismatched=0, mismatch_fraction=0.0,
+                       required_atol=0.0, required_rtol=0.0)
+
+
+def compare_tensors(a: torch.Tensor, b: torch.Tensor, *, atol: float, rtol: float) -> PairMetrics:
+    """All metrics of reference ``a`` against ``b`` (same shape; any dtypes, upcast to float64)."""
+    if a.shape != b.shape:
+        raise ValueError(f"shapes differ: {tuple(a.shape)} vs {tuple(b.shape)}")
+    n = a.numel()
+    if bitwise_equal(a, b):
+        return _identical(n)
+    fa, fb = a.reshape(-1), b.reshape(-1)
+    acc = _Accumulator(atol, rtol)
+    for start in range(0, n, CHUNK):
+        acc.add(fa[start:start + CHUNK].double(), fb[start:start + CHUNK].double())
+    return acc.result(n)
+
+
+class _Accumulator:
+    def __init__(self, atol: float, rtol: float) -> None:
+        self.atol, self.rtol = atol, rtol
+        self.finite = 0
+        self.max_abs = 0.0
+        self.max_rel = 0.0
+        self.sum_abs = 0.0
+        self.sum_sq = 0.0
+        self.dot = 0.0
+        self.norm_a = 0.0
+        self.norm_b = 0.0
+        self.nan_mismatch = 0
+        self.inf_mismatch = 0
+        self.mismatched = 0
+
+    def add(self, a: torch.Tensor, b: torch.Tensor) -> None:
+        diff = a - b
+        absdiff = diff.abs()
+        worst = float(absdiff.max()) if absdiff.numel() else 0.0
+        if math.isfinite(worst):
+            self._add_finite(a, b, diff, absdiff, worst)
+            return
+        both = torch.isfinite(a) & torch.isfinite(b)
+        nan_a, nan_b = torch.isnan(a), torch.isnan(b)
+        self.nan_mismatch += int((nan_a ^ nan_b).sum())
+        neither_nan = ~(nan_a | nan_b)
+        self.inf_mismatch += int((~both & neither_nan & (a != b)).sum())
+        same_nonfinite = (nan_a & nan_b) | (~both & neither_nan & (a == b))
+        self.mismatched += int((~both & ~same_nonfinite).sum())
+        if bool(both.any()):
+            fa, fb = a[both], b[both]
+            d = fa - fb
+            ad = d.abs()
+            self._add_finite(fa, fb, d, ad, float(ad.max()))
+
+    def _add_finite(self, a: torch.Tensor, b: torch.Tensor, diff: torch.Tensor, absdiff: torch.Tensor,
+                    worst: float) -> None:
+        self.finite += a.numel()
+        self.max_abs = max(self.max_abs, worst)
+        self.sum_abs += float(absdiff.sum())
+        self.sum_sq += float(torch.dot(diff, diff))
+        self.dot += float(torch.dot(a, b))
+        self.norm_a += float(torch.dot(a, a))
+        self.norm_b += float(torch.dot(b, b))
+        absa = a.abs()
+        self.mismatched += int((absdiff > self.atol + self.rtol * absa).sum())
+        if worst > 0:
+            zero = absa == 0
+            if bool((zero & (absdiff > 0)).any()):
+                self.max_rel = math.inf
+            elif self.max_rel != math.inf:
+                rel = absdiff / absa.masked_fill_(zero, 1.0)
+                self.max_rel = max(self.max_rel, float(rel.max()))
+
+    def result(self, n: int) -> PairMetrics:
+        f = self.finite
+        nonfinite = self.nan_mismatch + self.inf_mismatch > 0
+        if self.norm_a == 0 and self.norm_b == 0:
+            cosine = 1.0
+        elif self.norm_a == 0 or self.norm_b == 0:
+            cosine = 0.0
+        else:
+            cosine = max(-1.0, min(1.0, self.dot / math.sqrt(self.norm_a * self.norm_b)))
+        return PairMetrics(
+            numel=n, identical=False, max_abs_err=self.max_abs, max_rel_err=self.max_rel,
+            mean_abs_err=self.sum_abs / f if f else 0.0, rms_err=math.sqrt(self.sum_sq / f) if f else 0.0,
+            cosine=cosine, nan_mismatch=self.nan_mismatch, inf_mismatch=self.inf_mismatch,
+            mismatched=self.mismatched, mismatch_fraction=self.mismatched / n if n else 0.0,
+            required_atol=math.inf if nonfinite else self.max_abs,
+            required_rtol=math.inf if nonfinite else self.max_rel,
+        )
+
+
+# Reference definitions, one metric each (see the module docstring).
+
+
+def _finite_pair(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    a, b = a.reshape(-1).double(), b.reshape(-1).double()
+    keep = torch.isfinite(a) & torch.isfinite(b)
+    return a[keep], b[keep]
+
+
+def max_abs_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    """``max |a - b|`` over positions where both are finite (0 if none)."""
+    fa, fb = _finite_pair(a, b)
+    return float((fa - fb).abs().max()) if fa.numel() else 0.0
+
+
+def max_rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    """``max |a - b| / |a|`` over finite positions; ``a == 0``: 0 if ``b == 0`` else inf."""
+    fa, fb = _finite_pair(a, b)
+    d = (fa - fb).abs()
+    if not fa.numel():
+        return 0.0
+    if bool(((fa == 0) & (d > 0)).any()):
+        return math.inf
+    return float((d / fa.abs().masked_fill(fa == 0, 1.0)).max())
+
+
+def mean_abs_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    """``mean |a - b|`` over finite positions."""
+    fa, fb = _finite_pair(a, b)
+    return float((fa - fb).abs().mean()) if fa.numel() else 0.0
+
+
+def rms_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    """``sqrt(mean (a - b)^2)`` over finite positions."""
+    fa, fb = _finite_pair(a, b)
+    return float((fa - fb).square().mean().sqrt()) if fa.numel() else 0.0
+
+
+def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
+    """``<a, b> / (|a| |b|)`` over finite positions; 1 if both are zero, 0 if one is."""
+    fa, fb = _finite_pair(a, b)
+    na, nb = float(fa.norm()), float(fb.norm())
+    if na == 0 and nb == 0:
+        return 1.0
+    if na == 0 or nb == 0:
+        return 0.0
+    return max(-1.0, min(1.0, float(fa @ fb) / (na * nb)))
+
+
+def nan_mismatch(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Positions where exactly one side is NaN."""
+    return float((torch.isnan(a.reshape(-1)) ^ torch.isnan(b.reshape(-1))).sum())
+
+
+def mismatch_fraction(a: torch.Tensor, b: torch.Tensor, *, atol: float, rtol: float) -> float:
+    """Fraction of positions failing ``|a - b| <= atol + rtol |a|`` (NaN~NaN and inf~same inf pass)."""
+    a, b = a.reshape(-1).double(), b.reshape(-1).double()
+    if not a.numel():
+        return 0.0
+    ok = (a - b).abs() <= atol + rtol * a.abs()
+    ok |= (torch.isnan(a) & torch.isnan(b)) | (torch.isinf(a) & (a == b))
+    return float((~ok).sum()) / a.numel()
+
+
+METRICS: dict[str, Callable[[torch.Tensor, torch.Tensor], float]] = {
+    "max_abs_err": max_abs_err,
+    "max_rel_err": max_rel_err,
+    "mean_abs_err": mean_abs_err,
+    "rms_err": rms_err,
+    "cosine": cosine,
+    "nan_mismatch": nan_mismatch,
+}

@@ -1,0 +1,141 @@
+"""Which (atol, rtol) applies to a tensor pair.
+
+Defaults follow ``torch.testing.assert_close`` per dtype, taking the less
+precise dtype of the pair:
+
+==================  =========  =========
+dtype               rtol       atol
+==================  =========  =========
+float64             1e-7       1e-7
+float32             1.3e-6     1e-5
+float16             1e-3       1e-5
+bfloat16            1.6e-2     1e-5
+float8 e4m3         1.25e-1    1e-3
+float8 e5m2         2.5e-1     1e-3
+integers, bool      0          0
+==================  =========  =========
+
+(float8 has no torch.testing default; we use one unit in the last place.)
+
+Overrides: a number applies everywhere; a mapping applies per module-path
+pattern, ``{"*": 1e-5, "layers.*.mlp": 1e-4}``. A pattern is a shell-style
+glob over the path relative to the root (``layers.0.mlp``) and covers that
+module and everything inside it; when several match, the one given last wins.
+Patterns that match no module are reported as warnings, with the closest
+module paths as suggestions.
+"""
+
+from __future__ import annotations
+
+import difflib
+import fnmatch
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from ..errors import UsageError
+
+_DEFAULTS: dict[str, tuple[float, float]] = {
+    "torch.float64": (1e-7, 1e-7),
+    "torch.float32": (1.3e-6, 1e-5),
+    "torch.float16": (1e-3, 1e-5),
+    "torch.bfloat16": (1.6e-2, 1e-5),
+    "torch.float8_e4m3fn": (1.25e-1, 1e-3),
+    "torch.float8_e4m3fnuz": (1.25e-1, 1e-3),
+    "torch.float8_e5m2": (2.5e-1, 1e-3),
+    "torch.float8_e5m2fnuz": (2.5e-1, 1e-3),
+    "torch.complex128": (1e-7, 1e-7),
+    "torch.complex64": (1.3e-6, 1e-5),
+}
+
+Tolerance = float | Mapping[str, float] | None
+
+
+def default_tolerance(dtype_a: str | None, dtype_b: str | None) -> tuple[float, float]:
+    """``(rtol, atol)`` for a pair: the looser of the two dtypes' torch.testing defaults."""
+    pairs = [_DEFAULTS.get(d or "", (0.0, 0.0)) for d in (dtype_a, dtype_b)]
+    return max(p[0] for p in pairs), max(p[1] for p in pairs)
+
+
+def _normalize(value: Tolerance, name: str) -> tuple[float | None, list[tuple[str, float]]]:
+    if value is None:
+        return None, []
+    if isinstance(value, (int, float)):
+        return _check(float(value), name, "*"), []
+    if isinstance(value, Mapping):
+        rules = [(str(pattern), _check(float(v), name, pattern)) for pattern, v in value.items()]
+        default = next((v for p, v in reversed(rules) if p in ("*", "")), None)
+        return default, [(p, v) for p, v in rules if p not in ("*", "")]
+    raise UsageError(f"{name}={value!r}: expected a number or a mapping of module-path pattern to number")
+
+
+def _check(value: float, name: str, pattern: str) -> float:
+    if not value >= 0:
+        raise UsageError(f"{name} for {pattern!r} is {value}: tolerances must be >= 0")
+    return value
+
+
+def parse_cli_tolerances(values: Iterable[str] | None, name: str) -> Tolerance:
+    """``["1e-5", "layers.*.mlp=1e-4"]`` -> ``{"*": 1e-5, "layers.*.mlp": 1e-4}``."""
+    out: dict[str, float] = {}
+    for text in values or []:
+        pattern, sep, number = text.rpartition("=")
+        key = pattern if sep else "*"
+        try:
+            out[key] = float(number)
+        except ValueError:
+            raise UsageError(f"--{name} {text!r}: expected a number or PATTERN=NUMBER") from None
+        if sep and not pattern:
+            raise UsageError(f"--{name} {text!r}: the pattern before '=' is empty")
+    if not out:
+        return None
+    return out["*"] if list(out) == ["*"] else out
+
+
+def _covers(pattern: str, path: str) -> bool:
+    return fnmatch.fnmatchcase(path, pattern) or fnmatch.fnmatchcase(path, f"{pattern}.*")
+
+
+@dataclass
+class TolerancePolicy:
+    """Resolves the tolerance of each pair and remembers which patterns were used."""
+
+    atol: Tolerance = None
+    rtol: Tolerance = None
+    _atol_default: float | None = field(init=False)
+    _rtol_default: float | None = field(init=False)
+    _atol_rules: list[tuple[str, float]] = field(init=False)
+    _rtol_rules: list[tuple[str, float]] = field(init=False)
+    _used: set[str] = field(init=False, default_factory=set)
+
+    def __post_init__(self) -> None:
+        self._atol_default, self._atol_rules = _normalize(self.atol, "atol")
+        self._rtol_default, self._rtol_rules = _normalize(self.rtol, "rtol")
+
+    def _pick(self, rules: list[tuple[str, float]], paths: tuple[str, ...]) -> float | None:
+        for pattern, value in reversed(rules):
+            if any(_covers(pattern, p) for p in paths):
+                self._used.add(pattern)
+                return value
+        return None
+
+    def resolve(self, paths: tuple[str, ...], dtype_a: str | None, dtype_b: str | None) -> tuple[float, float]:
+        """``(atol, rtol)`` for a pair whose module paths (relative, both sides) are ``paths``."""
+        rtol_default, atol_default = default_tolerance(dtype_a, dtype_b)
+        atol = self._pick(self._atol_rules, paths)
+        rtol = self._pick(self._rtol_rules, paths)
+        atol = atol if atol is not None else self._atol_default
+        rtol = rtol if rtol is not None else self._rtol_default
+        return (atol_default if atol is None else atol, rtol_default if rtol is None else rtol)
+
+    def unused_pattern_warnings(self, known_paths: Iterable[str]) -> list[str]:
+        """One warning per pattern that matched no module, with did-you-mean suggestions."""
+        known = sorted(set(known_paths))
+        warnings = []
+        for name, rules in (("atol", self._atol_rules), ("rtol", self._rtol_rules)):
+            for pattern, _ in rules:
+                if pattern in self._used or any(_covers(pattern, p) for p in known):
+                    continue
+                close = difflib.get_close_matches(pattern, known, n=3, cutoff=0.5)
+                hint = f"; did you mean {', '.join(close)}?" if close else ""
+                warnings.append(f"--{name} pattern {pattern!r} matches no module{hint}")
+        return warnings
