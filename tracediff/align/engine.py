@@ -130,27 +130,37 @@ def _row(order: int, node_a: Node, ra: TensorRecord, node_b: Node, rb: TensorRec
     )
 
 
+def _role(slot: str) -> tuple[str, str]:
+    """(pass, side) of a slot: what flows into a call and what comes out, forward or backward."""
+    head = slot.split(".", 1)[0]
+    return {"inputs": ("forward", "in"), "outputs": ("forward", "out"),
+            "grad_outputs": ("backward", "in"), "grad_inputs": ("backward", "out")}.get(head, ("forward", "out"))
+
+
 def _with_origins(rows: list[TensorComparison]) -> list[TensorComparison]:
-    """Fill input_err, amplification and origin from each module's input rows."""
-    input_rows: defaultdict[tuple[str, int], list[TensorComparison]] = defaultdict(list)
+    """Fill input_err, amplification and origin from the rows of what flowed into each call."""
+    incoming: defaultdict[tuple[str, int, str], list[TensorComparison]] = defaultdict(list)
     for row in rows:
-        if row.tensor.startswith("inputs"):
-            input_rows[(row.module_path_b, row.call_index_b)].append(row)
+        phase, side = _role(row.tensor)
+        if side == "in":
+            incoming[(row.module_path_b, row.call_index_b, phase)].append(row)
     out = []
     for row in rows:
-        ins = input_rows.get((row.module_path_b, row.call_index_b), [])
+        phase, side = _role(row.tensor)
+        ins = incoming.get((row.module_path_b, row.call_index_b, phase), [])
         errs = [r.max_abs_err for r in ins if not math.isnan(r.max_abs_err)]
         input_err = max(errs) if errs else None
         amplification = None
-        if row.tensor.startswith("outputs") and input_err is not None and not math.isnan(row.max_abs_err):
+        if side == "out" and input_err is not None and not math.isnan(row.max_abs_err):
             if input_err > 0:
                 amplification = row.max_abs_err / input_err
             elif row.max_abs_err > 0:
                 amplification = math.inf
         origin = None
         if row.diverged:
-            if row.tensor.startswith("inputs"):
-                origin = "model inputs" if "." not in row.module_path_b else "inherited"
+            if side == "in":
+                is_root = "." not in row.module_path_b
+                origin = "model inputs" if is_root and phase == "forward" else "inherited"
             else:
                 origin = "inherited" if any(r.diverged for r in ins) else "introduced"
         out.append(replace(row, input_err=input_err, amplification=amplification, origin=origin))

@@ -21,9 +21,11 @@ reason                 why, for anything but identical/close
 input_err              largest max_abs_err among the module's input rows
 amplification          max_abs_err / input_err for output rows (inf when the
                        inputs were identical and the output is not)
-origin                 for rows out of tolerance: ``introduced`` (the
-                       module's inputs were within tolerance), ``inherited``
-                       (they were not), ``model inputs`` (the root's inputs)
+origin                 for rows out of tolerance: ``introduced`` (what
+                       flowed into the call was within tolerance),
+                       ``inherited`` (it was not), ``model inputs`` (the
+                       root's inputs). In backward rows what flows in is
+                       ``grad_outputs`` and what flows out ``grad_inputs``
 =====================  ========================================================
 """
 
@@ -162,6 +164,11 @@ class Alignment:
         return next((row for row in self.rows if row.diverged), None)
 
     @property
+    def first_backward_divergence(self) -> TensorComparison | None:
+        """The earliest gradient row (``grad_outputs``/``grad_inputs``) out of tolerance."""
+        return next((row for row in self.rows if row.diverged and row.tensor.startswith("grad_")), None)
+
+    @property
     def diverged(self) -> list[TensorComparison]:
         return [row for row in self.rows if row.diverged]
 
@@ -203,6 +210,9 @@ class Alignment:
             "matching": "structural" if self.structural else "by name",
             "summary": self.summary(),
             "first_divergence": first.to_dict() if first else None,
+            "first_backward_divergence": (
+                self.first_backward_divergence.to_dict() if self.first_backward_divergence else None
+            ),
             "rows": [row.to_dict() for row in self.rows],
             "unmatched_a": [u.to_dict() for u in self.unmatched_a],
             "unmatched_b": [u.to_dict() for u in self.unmatched_b],

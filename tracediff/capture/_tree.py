@@ -45,19 +45,10 @@ def prune_intermediate_layers(node: Node) -> None:
 
 
 def without_values(tree: Node) -> Node:
-    """A deep copy of ``tree`` with every ``value`` key removed from inputs and outputs."""
+    """A deep copy of ``tree`` with every ``value`` key removed (tensor payload paths and repr lines)."""
     out = copy.deepcopy(tree)
-    _strip(out)
+    _strip_values(out)
     return out
-
-
-def _strip(node: Node) -> None:
-    _strip_values(node.get("inputs", {}))
-    _strip_values(node.get("outputs", {}))
-    for child in node.get("children", []):
-        _strip(child)
-    for later in node.get("subsequent_calls", []):
-        _strip(later)
 
 
 def _strip_values(value: Any) -> None:

@@ -35,6 +35,7 @@ import platform
 import random
 import shutil
 import sys
+import warnings
 from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -49,6 +50,7 @@ from .._io import ensure_writable_dir, write_json
 from .._version import __version__
 from ..errors import OutputDirError, TracediffError, UsageError
 from ._patch import ForwardPatch
+from .backward import BackwardRecorder
 from ._tree import prune_intermediate_layers, trace_file_names, without_values
 from .compat import sanitize_repr
 from .distributed import current_rank, world_size
@@ -87,6 +89,7 @@ class _NativeRecorder:
         self.escaped_error: dict[str, Any] | None = None
         self._raised_in_call: dict[str, Any] | None = None
         self.failure: TracediffError | None = None
+        self.backward: BackwardRecorder | None = None
         self.root_call: tuple[tuple[Any, ...], dict[str, Any], Any, Any] | None = None
         self._rng_at_root: Any = None
 
@@ -220,6 +223,7 @@ def capture(
     verify: bool = False,
     ranks: Literal["all"] | int = 0,
     full_dtensor: bool = False,
+    backward: bool = False,
     progress: bool = False,
 ) -> Iterator[CaptureSession]:
     """Record every module call of ``model`` made inside the block into ``out_dir``.
@@ -240,6 +244,9 @@ def capture(
             or ``"all"``: every rank writes its own trace to ``out_dir/rank{r}``.
         full_dtensor: record a DTensor's full (gathered) value instead of its
             local shard. Every rank then takes part in the gathers.
+        backward: also record, for every module call, the gradients flowing
+            into and out of it when ``backward()`` runs inside the block (see
+            :mod:`tracediff.capture.backward`).
         progress: show a progress bar of module calls on stderr (only when
             stderr is a terminal).
 
@@ -268,10 +275,18 @@ def capture(
     bar = _progress_bar(progress)
     recorder = _NativeRecorder(model, encoder, bar)
     patch = ForwardPatch(model, recorder, root_name=recorder.model_name)
+    recorder.backward = BackwardRecorder(model, recorder.model_name, recorder._encode, recorder.counts) \
+        if backward else None
     options = {"tensors": tensors, "prune_layers": prune_layers, "verify": verify, "ranks": ranks,
-               "full_dtensor": full_dtensor}
+               "full_dtensor": full_dtensor, "backward": backward}
     started = _dt.datetime.now(_dt.timezone.utc)
     raised = False
+    quiet = warnings.catch_warnings()
+    if backward:
+        # Full backward hooks warn about every non-tuple output (ModelOutput); the records say it better.
+        quiet.__enter__()
+        warnings.filterwarnings("ignore", message="For backward hooks to be called")
+        warnings.filterwarnings("ignore", message="Full backward hook is firing")
     try:
         yield session
     except BaseException:
@@ -279,6 +294,10 @@ def capture(
         raise
     finally:
         patch.restore()
+        if backward:
+            quiet.__exit__(None, None, None)
+        if recorder.backward is not None:
+            recorder.backward.remove()
         if bar is not None:
             bar.close()
         if verify and not raised and recorder.root_call is not None and recorder.failure is None:
@@ -337,6 +356,12 @@ def _verify(model: nn.Module, root_call: tuple[tuple[Any, ...], dict[str, Any], 
     return compare_outputs(captured, plain)
 
 
+def _imported_version(package: str) -> str | None:
+    """The version of ``package`` if the process has imported it (we never import it ourselves)."""
+    module = sys.modules.get(package)
+    return getattr(module, "__version__", None) if module is not None else None
+
+
 def _finish(
     session: CaptureSession,
     recorder: _NativeRecorder,
@@ -361,6 +386,7 @@ def _finish(
         "tracediff_version": __version__,
         "torch_version": torch.__version__,
         "python_version": platform.python_version(),
+        "transformers_version": _imported_version("transformers"),
         "model_class": f"{type(model).__module__}.{type(model).__qualname__}",
         "model_name": recorder.model_name,
         "devices": sorted(encoder.devices),
@@ -381,6 +407,8 @@ def _finish(
     try:
         if recorder.tree is not None:
             tree = recorder.tree
+            if recorder.backward is not None and recorder.backward.nodes:
+                tree["backward"] = recorder.backward.nodes
             if options["prune_layers"]:
                 prune_intermediate_layers(tree)
             full, summary = trace_file_names(recorder.model_name)

@@ -86,9 +86,12 @@ def headline(result: Alignment) -> list[str]:
                      else f"NOT PASSED: {unreadable} tensor(s) could not be read")
     else:
         lines.append(f"FIRST DIVERGENCE ({first.origin}): {first.describe()}")
-        if first.input_err is not None and first.tensor.startswith("outputs"):
-            lines.append(f"  inputs of this call had max_abs_err={first.input_err:.3g}; "
-                         f"amplification={_fmt(first.amplification) or 'n/a'}")
+        if first.input_err is not None and first.amplification is not None:
+            lines.append(f"  what flowed into this call had max_abs_err={first.input_err:.3g}; "
+                         f"amplification={_fmt(first.amplification)}")
+        backward = result.first_backward_divergence
+        if backward is not None and backward is not first:
+            lines.append(f"FIRST GRADIENT DIVERGENCE ({backward.origin}): {backward.describe()}")
     return lines
 
 

@@ -46,6 +46,7 @@ class Trace:
     json_path: Path
     roots: list[Node]
     metadata: dict[str, Any] = field(default_factory=dict)
+    backward: list[Node] = field(default_factory=list)
 
     @property
     def model_name(self) -> str:
@@ -61,11 +62,11 @@ class Trace:
         return self.json_path.name.endswith(_SUMMARY_SUFFIX)
 
     def nodes(self) -> list[Node]:
-        """Every node, in the order the calls started."""
+        """Every forward node in the order the calls started, then the backward nodes in arrival order."""
         out: list[Node] = []
         for root in self.roots:
             out.extend(root.walk())
-        return out
+        return out + self.backward
 
     def records(self) -> list[tuple[Node, TensorRecord]]:
         """Every tensor record with its node, in execution order."""
@@ -135,7 +136,8 @@ def load_trace(path: str | Path) -> Trace:
     roots = [builder.node(tree, None, 0)]
     for later in tree.get("subsequent_calls", []):
         roots.append(builder.node(later, None, 0))
-    trace = Trace(directory=directory, json_path=json_path, roots=roots, metadata=metadata)
+    backward = builder.backward(tree.get("backward") or [])
+    trace = Trace(directory=directory, json_path=json_path, roots=roots, metadata=metadata, backward=backward)
     if trace.producer == "transformers":
         _mark_overwritten_payloads(trace)
     return trace
@@ -173,6 +175,31 @@ class _Builder:
             node.has_outputs = True
             self._flatten(obj["outputs"], "outputs", node)
         return node
+
+    def backward(self, entries: Any) -> list[Node]:
+        """Backward nodes, their records ordered by the clock the capture kept."""
+        if not isinstance(entries, list):
+            raise TraceFormatError(f"{self.json_path}: 'backward' is not a list")
+        nodes, events = [], []
+        for i, entry in enumerate(entries):
+            if not isinstance(entry, dict) or not isinstance(entry.get("module_path"), str):
+                raise TraceFormatError(f"{self.json_path}: backward entry {i} is not a node")
+            path = entry["module_path"]
+            node = Node(module_path=path, relative_path=path.split(".", 1)[1] if "." in path else "",
+                        call_index=int(entry.get("call_index", 0)), module_type=entry.get("module_type"),
+                        depth=0, enter_order=-1, phase="backward", has_outputs=True)
+            nodes.append(node)
+            arrival, departure = (list(entry.get("backward_order") or []) + [None, None])[:2]
+            events.append((arrival if arrival is not None else 2 * i, node, entry.get("grad_outputs"), "grad_outputs"))
+            if "grad_inputs" in entry:
+                events.append((departure if departure is not None else 2 * i + 1, node, entry["grad_inputs"],
+                               "grad_inputs"))
+        for _, node, value, slot in sorted(events, key=lambda e: e[0]):
+            if node.enter_order < 0:
+                node.enter_order = self.order
+            self._flatten(value, slot, node)
+            node.exit_order = self.order
+        return nodes
 
     def _flatten(self, value: Any, slot: str, node: Node) -> None:
         if value is None:

@@ -12,7 +12,9 @@ Node identity is explicit. In a trace of ``LlamaModel``:
                               ``outputs.last_hidden_state``, ``outputs.1.0``
 ``record.order``              position in execution order: a node's inputs
                               are placed when its call starts, its outputs
-                              when it returns
+                              when it returns; backward records
+                              (``grad_outputs.0`` on arrival, ``grad_inputs.0``
+                              on departure) come after every forward record
 ============================  =============================================
 """
 
@@ -64,11 +66,12 @@ class Node:
     parent: Node | None = field(default=None, repr=False)
     error: dict[str, Any] | None = None
     has_outputs: bool = False
+    phase: str = "forward"
 
     @property
-    def key(self) -> tuple[str, int]:
-        """What two traces match on by default: relative path and call index."""
-        return (self.relative_path, self.call_index)
+    def key(self) -> tuple[str, str, int]:
+        """What two traces match on by default: phase, relative path and call index."""
+        return (self.phase, self.relative_path, self.call_index)
 
     def inputs(self) -> list[TensorRecord]:
         return [t for t in self.tensors if t.slot.startswith("inputs")]
