@@ -16,7 +16,11 @@ in the loss.
 
 Full backward hooks share PyTorch's limits: a module whose output is later
 modified in place raises an error in backward; capture such a model with
-``backward=False``.
+``backward=False``. Registering full backward hooks, even ones that do
+nothing, can reorder how autograd accumulates a gradient that reaches a
+tensor from several places, which changes the last bits of some parameter
+gradients; recording adds nothing beyond that. Forward-only capture leaves
+gradients bit-identical.
 """
 
 from __future__ import annotations

@@ -147,13 +147,38 @@ def load_inputs(path: str | Path, example: Inputs) -> Inputs:
                               f"unexpected: {unexpected or 'none'}; expected: {sorted(slots)})")
     args, kwargs = list(example[0]), dict(example[1])
     for key, original in slots.items():
-        loaded = read_tensor_file(path, key).to(original.device)
+        # A fresh allocation: a tensor read from the file can sit at an address that is not 64-byte aligned,
+        # and CPU kernels then take another path and round differently (a Linear differs in the last bit).
+        loaded = read_tensor_file(path, key).to(original.device).clone()
         kind, _, name = key.partition(".")
         if kind == "args":
             args[int(name)] = loaded
         else:
             kwargs[name] = loaded
     return tuple(args), kwargs
+
+
+def _scalar_loss(spec: str, output: Any) -> torch.Tensor:
+    loss = getattr(output, "loss", None)
+    if loss is None and isinstance(output, dict):
+        loss = output.get("loss")
+    if isinstance(loss, torch.Tensor):
+        return loss if loss.dim() == 0 else loss.sum()
+    first = _first_float_tensor(output)
+    if first is None or not first.requires_grad:
+        raise CaptureSpecError(f"{spec}: --backward needs an output with a loss or a tensor that requires grad")
+    return first.sum()
+
+
+def _first_float_tensor(value: Any) -> torch.Tensor | None:
+    if isinstance(value, torch.Tensor):
+        return value if value.is_floating_point() else None
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else []
+    for item in items:
+        found = _first_float_tensor(item)
+        if found is not None:
+            return found
+    return None
 
 
 def capture_spec(
@@ -166,9 +191,14 @@ def capture_spec(
     overwrite: bool = False,
     verify: bool = False,
     prune_layers: bool = False,
+    backward: bool = False,
     progress: bool = False,
 ) -> CaptureSession:
     """Load a SPEC, optionally replace its inputs, and capture one forward under ``torch.no_grad()``.
+
+    With ``backward=True`` the forward runs with autograd and is followed by a
+    backward pass from the output's ``loss`` when it has one, else from the
+    sum of its first floating-point tensor; gradients are recorded too.
 
     The output folder is checked before the model is built, and an earlier
     trace in it is replaced only once the model and its inputs are ready.
@@ -179,10 +209,16 @@ def capture_spec(
     if save_inputs_to is not None:
         save_inputs(save_inputs_to, (args, kwargs))
     session = None
+    grad_mode = torch.enable_grad() if backward else torch.no_grad()
     try:
-        with torch.no_grad(), capture(model, out_dir, tensors=tensors, overwrite=True,  # type: ignore[arg-type]
-                                      verify=verify, prune_layers=prune_layers, progress=progress) as session:
-            model(*args, **kwargs)
+        with grad_mode, capture(model, out_dir, tensors=tensors, overwrite=True,  # type: ignore[arg-type]
+                                verify=verify, prune_layers=prune_layers, backward=backward,
+                                progress=progress) as session:
+            output = model(*args, **kwargs)
+            if backward:
+                _scalar_loss(spec, output).backward()
+    except CaptureSpecError:
+        raise
     except Exception as e:
         if session is None or session.error is None:
             raise

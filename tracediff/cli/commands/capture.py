@@ -29,6 +29,9 @@ def register(sub: Any) -> None:
     p.add_argument("--tensors", choices=["full", "summary", "repr"], default="full",
                    help="full payloads (default), statistics only, or repr lines")
     p.add_argument("--prune-layers", action="store_true", help="keep only the first and last layer blocks")
+    p.add_argument("--backward", action="store_true",
+                   help="run with autograd, then backward from the output's loss (or the sum of its first "
+                        "tensor), recording each module's gradients too")
     p.add_argument("--overwrite", action="store_true", help="replace a trace already in DIR")
     p.add_argument("--verify", action="store_true",
                    help="also run without capture and check the outputs are bit-identical (exit 1 if not)")
@@ -38,7 +41,7 @@ def register(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     session = capture_spec(args.spec, args.out, inputs=args.inputs, save_inputs_to=args.save_inputs,
                            tensors=args.tensors, overwrite=args.overwrite, verify=args.verify,
-                           prune_layers=args.prune_layers, progress=True)
+                           prune_layers=args.prune_layers, backward=args.backward, progress=True)
     size = session.payload_bytes / 1e6
     print(f"captured {session.calls} module calls into {session.trace_dir} "
           f"({session.files} payload files, {size:.1f} MB)")
