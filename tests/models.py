@@ -44,7 +44,7 @@ def tiny_gpt2(*, layers: int = 3, seed: int = 0) -> tuple[nn.Module, dict[str, t
     from transformers import GPT2Config, GPT2LMHeadModel
 
     config = GPT2Config(
-        vocab_size=VOCAB, n_positions=32, n_embd=16, n_layer=layers, n_head=2,
+        vocab_size=VOCAB, n_positions=32, n_embd=16, n_layer=layers, n_head=2, bos_token_id=0, eos_token_id=0,
         use_cache=False, attn_implementation="eager",
     )
     torch.manual_seed(seed)
@@ -185,11 +185,13 @@ class Boom(nn.Module):
         super().__init__()
         self.fail_on = fail_on
         self.calls = 0
+        self.raised: ValueError | None = None  # the exception object, to check it propagates unchanged
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         self.calls += 1
         if self.calls - 1 == self.fail_on:
-            raise ValueError(f"boom at call {self.calls - 1}: shape {tuple(x.shape)}")
+            self.raised = ValueError(f"boom at call {self.calls - 1}: shape {tuple(x.shape)}")
+            raise self.raised
         return x + 1
 
 

@@ -107,3 +107,15 @@ def test_forward_error_still_writes_tree(tmp_path: Path) -> None:
     assert tree["error"]["type"] == "ValueError"
     failing = [n for n in nodes(tree) if "error" in n]
     assert [n["module_path"] for n in failing] == ["FailsInside", "FailsInside.blocks.1.boom"]
+
+
+def test_no_debug_path_writes_into_the_current_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, debugger in [("ours", tracediff.model_addition_debugger_context),
+                           ("theirs", transformers.model_addition_debugger_context)]:
+        (tmp_path / name).mkdir()
+        monkeypatch.chdir(tmp_path / name)
+        model = seeded(Chain)
+        with debugger(model, use_repr=False):
+            model(toy_input())
+    _assert_same_trace(tmp_path / "ours", tmp_path / "theirs")
+    assert "Chain.a_outputs.safetensors" in files(tmp_path / "ours")

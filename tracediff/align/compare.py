@@ -69,29 +69,39 @@ def _verdict(status: str, within: bool | None, reason: str) -> dict[str, Any]:
 def compare_stats(ra: TensorRecord, rb: TensorRecord, *, atol: float, rtol: float) -> dict[str, Any]:
     """An approximate verdict from recorded statistics (mean, std, min, max, abs_mean).
 
-    Each statistic of B must lie within ``atol + rtol * |statistic of A|``;
-    ``max_abs_err`` and ``max_rel_err`` are the largest differences among the
-    statistics, and NaN/Inf counts must agree. The other metrics are NaN.
+    Each statistic of B must lie within ``atol + rtol * |statistic of A|`` of
+    A's, plus the rounding of statistics parsed from transformers' strings
+    (five significant digits, so ``5e-5 * |value|`` per side); ``max_abs_err``
+    and ``max_rel_err`` are the largest differences among the statistics,
+    ``required_atol``/``required_rtol`` what would pass beyond that rounding,
+    and NaN/Inf counts must agree when both sides recorded them. The other
+    metrics are NaN.
     """
     keys = [k for k in _STAT_KEYS if k in ra.stats and k in rb.stats]
     if not keys:
         missing = "A" if not ra.stats else "B"
         return _verdict("no_data", None, f"no payload and no statistics in {missing}")
-    worst_abs, worst_rel, failing = 0.0, 0.0, []
+    worst_abs, worst_rel, need_atol, need_rtol, failing = 0.0, 0.0, 0.0, 0.0, []
     for key in keys:
         va, vb = float(ra.stats[key]), float(rb.stats[key])
-        if math.isnan(va) and math.isnan(vb) or va == vb:
+        if math.isnan(va) and math.isnan(vb) or va == vb or _overflowed(ra, key, va) or _overflowed(rb, key, vb):
             continue
         diff = abs(va - vb)
         if math.isnan(diff):
             diff = math.inf
+        excess = max(0.0, diff - _rounding(ra, va) - _rounding(rb, vb))
         worst_abs = max(worst_abs, diff)
         worst_rel = max(worst_rel, diff / abs(va) if va else math.inf)
-        if not diff <= atol + rtol * abs(va):
+        need_atol = max(need_atol, excess)
+        need_rtol = max(need_rtol, excess / abs(va) if va else (math.inf if excess else 0.0))
+        if not (math.isfinite(excess) and excess <= atol + rtol * abs(va)):
             failing.append(f"{key} {va:.6g} vs {vb:.6g}")
+    counted = all(k in r.stats for r in (ra, rb) for k in ("nan", "posinf", "neginf"))
     nan_a, nan_b = int(ra.stats.get("nan", 0)), int(rb.stats.get("nan", 0))
     inf_a = int(ra.stats.get("posinf", 0)) + int(ra.stats.get("neginf", 0))
     inf_b = int(rb.stats.get("posinf", 0)) + int(rb.stats.get("neginf", 0))
+    if not counted:  # transformers' traces record no counts: nothing to compare
+        nan_a = nan_b = inf_a = inf_b = 0
     if nan_a != nan_b:
         failing.append(f"NaN count {nan_a} vs {nan_b}")
     if inf_a != inf_b:
@@ -106,6 +116,30 @@ def compare_stats(ra: TensorRecord, rb: TensorRecord, *, atol: float, rtol: floa
         "reason": reason, "within_tolerance": within, "approximate": True,
         "max_abs_err": worst_abs, "max_rel_err": worst_rel, "mean_abs_err": NAN, "rms_err": NAN, "cosine": NAN,
         "mismatch_fraction": NAN, "nan_mismatch": abs(nan_a - nan_b), "inf_mismatch": abs(inf_a - inf_b),
-        "required_atol": worst_abs if nan_a == nan_b and inf_a == inf_b else math.inf,
-        "required_rtol": worst_rel if nan_a == nan_b and inf_a == inf_b else math.inf,
+        "required_atol": need_atol if nan_a == nan_b and inf_a == inf_b else math.inf,
+        "required_rtol": need_rtol if nan_a == nan_b and inf_a == inf_b else math.inf,
     }
+
+
+# transformers' debugger writes statistics as reprs with five significant digits ("tensor(1.2345e-02)");
+# tracediff writes JSON numbers, always with a "numel" entry. A statistic parsed from a repr is known
+# to half a unit of its last digit, which must not count as a difference between the two tensors.
+_REPR_ROUNDING = 5e-5
+
+
+def _overflowed(record: TensorRecord, key: str, value: float) -> bool:
+    """A moment that is not finite while min and max are: computing the statistic overflowed, not the data.
+
+    (transformers computes ``std`` of a float32 attention mask holding ``finfo.min`` as ``inf``.)
+    """
+    if key not in ("mean", "std", "abs_mean") or math.isfinite(value):
+        return False
+    bounds = [record.stats.get(k) for k in ("min", "max")]
+    return all(isinstance(v, (int, float)) and math.isfinite(v) for v in bounds)
+
+
+def _rounding(record: TensorRecord, value: float) -> float:
+    """How far a recorded statistic can be from the exact one only because of how it was written."""
+    if "numel" in record.stats or not math.isfinite(value):
+        return 0.0
+    return _REPR_ROUNDING * abs(value)

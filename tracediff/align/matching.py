@@ -83,7 +83,7 @@ def match_nodes(a: Trace, b: Trace, rename: RenameRules) -> Matching:
     by_key = {node.key: node for node in nodes_b}
     pairs = []
     for node in nodes_a:
-        other = by_key.pop((apply_rename(node.relative_path, rename), node.call_index), None)
+        other = by_key.pop((node.phase, apply_rename(node.relative_path, rename), node.call_index), None)
         if other is not None:
             pairs.append((node, other))
     structural = 2 * len(pairs) < len(nodes_b)

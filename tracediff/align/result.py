@@ -197,6 +197,12 @@ class Alignment:
             "matched_nodes": self.matched_nodes,
         }
 
+    def to_html(self) -> str:
+        """The self-contained HTML report (see :mod:`tracediff.render.html`); write it with UTF-8."""
+        from ..render.html import render_html  # renderers are imported only when asked for
+
+        return render_html(self)
+
     def to_dict(self) -> dict[str, Any]:
         """The JSON report (``format_version`` 1)."""
         first = self.first_divergence
@@ -209,9 +215,9 @@ class Alignment:
             "model_b": self.model_b,
             "matching": "structural" if self.structural else "by name",
             "summary": self.summary(),
-            "first_divergence": first.to_dict() if first else None,
+            "first_divergence": first.to_dict() if first is not None else None,  # a diverged row is falsy
             "first_backward_divergence": (
-                self.first_backward_divergence.to_dict() if self.first_backward_divergence else None
+                self.first_backward_divergence.to_dict() if self.first_backward_divergence is not None else None
             ),
             "rows": [row.to_dict() for row in self.rows],
             "unmatched_a": [u.to_dict() for u in self.unmatched_a],

@@ -48,8 +48,10 @@ def sanitize_repr(text: str) -> str:
 
 
 def _tensor_lines(tensor: torch.Tensor) -> list[str]:
+    """The repr lines of ``tensor`` as transformers' ``use_repr=True`` stores them (scientific, 120 columns)."""
     buffer = StringIO()
-    print(tensor, file=buffer)
+    with print_options(sci_mode=True, linewidth=120):  # the same lines whatever the caller's print options
+        print(tensor, file=buffer)
     return sanitize_repr(buffer.getvalue()).splitlines()
 
 

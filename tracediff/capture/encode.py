@@ -33,7 +33,7 @@ import torch
 from .._io import write_tensor_file
 from .compat import _tensor_lines, sanitize_repr
 from .distributed import dtensor_layout, is_dtensor
-from .stats import FLOAT_DTYPES, format_scalar, tensor_stats
+from .stats import FLOAT_DTYPES, StatsBuffers, format_scalar, tensor_stats
 
 TensorMode = Literal["full", "summary", "repr"]
 _UNSAFE_FILE_CHARS = re.compile(r"[^\w.@+=-]")
@@ -73,6 +73,7 @@ class Encoder:
         self.devices: set[str] = set()
         self.dtypes: set[str] = set()
         self._seen: dict[int, tuple[weakref.ref[torch.Tensor], int, dict[str, Any]]] = {}
+        self._stats_buffers = StatsBuffers()
 
     def encode(self, value: Any, name: str) -> Any:
         if isinstance(value, torch.Tensor):
@@ -112,13 +113,14 @@ class Encoder:
         self.dtypes.add(str(dtype))
         entry: dict[str, Any] = {"shape": repr(tensor.shape), "dtype": repr(dtype)}
         if self.tensors == "full":
+            tensor = tensor.contiguous()  # one copy at most, shared by the payload and the statistics
             file_name = _UNSAFE_FILE_CHARS.sub("_", name) + ".safetensors"
             self.payload_bytes += write_tensor_file(self.folder / file_name, tensor)
             self.files += 1
             entry["value"] = f"./{file_name}"
         elif self.tensors == "repr":
             entry["value"] = _tensor_lines(tensor)
-        stats = tensor_stats(tensor)
+        stats = tensor_stats(tensor, buffers=self._stats_buffers)
         if dtype in FLOAT_DTYPES and stats.get("numel"):
             for key in ("mean", "std", "min", "max"):
                 entry[key] = format_scalar(stats.get(key), dtype)

@@ -401,7 +401,7 @@ def _finish(
         "calls": session.calls,
         "payload_files": encoder.files,
         "payload_bytes": encoder.payload_bytes,
-        "verification": session.verification.to_dict() if session.verification else None,
+        "verification": session.verification.to_dict() if session.verification is not None else None,
     }
     session.metadata = metadata
     try:
@@ -414,6 +414,12 @@ def _finish(
             full, summary = trace_file_names(recorder.model_name)
             write_json(session.trace_dir / full, tree)
             write_json(session.trace_dir / summary, without_values(tree))
+    except TracediffError as e:
+        if recorder.failure is None:
+            recorder.failure = e
+        session.complete = metadata["complete"] = False
+        metadata["capture_failure"] = str(recorder.failure)
+    try:  # still worth a try after a failure: it says the trace is incomplete, and why
         write_json(session.trace_dir / METADATA_FILE, metadata)
     except TracediffError as e:
         if recorder.failure is None:

@@ -45,7 +45,7 @@ def load_spec(spec: str) -> tuple[nn.Module, Inputs]:
     try:
         result = func()
     except Exception as e:  # noqa: BLE001 - the user's code; report it in one line
-        raise CaptureSpecError(f"{spec}: calling {func_name}() raised {type(e).__name__}: {e}") from e
+        raise CaptureSpecError(f"{spec}: calling {func_name}() raised {_describe(e)}") from e
     if not (isinstance(result, tuple) and len(result) == 2):
         raise CaptureSpecError(f"{spec}: {func_name}() must return (model, inputs), got {type(result).__name__}")
     model, inputs = result
@@ -53,6 +53,16 @@ def load_spec(spec: str) -> tuple[nn.Module, Inputs]:
         raise CaptureSpecError(f"{spec}: the model returned by {func_name}() is a {type(model).__name__}, "
                                "not a torch.nn.Module")
     return model, _split_inputs(spec, inputs)
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else ""
+
+
+def _describe(e: BaseException) -> str:
+    """``Type: first line of the message``: the user's exception in our one-line error."""
+    return f"{type(e).__name__}: {_first_line(e)}"
 
 
 def _import_target(spec: str, target: str) -> Any:
@@ -72,14 +82,14 @@ def _import_target(spec: str, target: str) -> Any:
                 loader_spec.loader.exec_module(module)
         except Exception as e:  # noqa: BLE001
             sys.modules.pop(name, None)
-            raise CaptureSpecError(f"{spec}: importing {path} raised {type(e).__name__}: {e}") from e
+            raise CaptureSpecError(f"{spec}: importing {path} raised {_describe(e)}") from e
         return module
     try:
         # As `python -m` does: a package in the current directory is importable from the console script too.
         with _on_sys_path(os.getcwd()):
             return importlib.import_module(target)
     except Exception as e:  # noqa: BLE001
-        raise CaptureSpecError(f"{spec}: cannot import {target} ({type(e).__name__}: {e})") from e
+        raise CaptureSpecError(f"{spec}: cannot import {target} ({_describe(e)})") from e
 
 
 @contextmanager
@@ -223,6 +233,6 @@ def capture_spec(
         if session is None or session.error is None:
             raise
         where = f"{session.error['module_path']} (call {session.error['call_index']})"
-        raise CaptureSpecError(f"{spec}: the forward raised {type(e).__name__} in {where}: {e}; "
+        raise CaptureSpecError(f"{spec}: the forward raised {type(e).__name__} in {where}: {_first_line(e)}; "
                                f"the partial trace is in {session.trace_dir}") from e
     return session

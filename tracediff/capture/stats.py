@@ -1,14 +1,19 @@
 """Per-tensor statistics recorded as JSON numbers.
 
-Capture runs inside every module call, so the statistics take as few passes
-over the data as torch allows: ``aminmax`` (one pass), ``sum`` and ``dot(x, x)``
-(one each, from which mean and std follow), ``abs().sum()``, and a count of
-non-zeros only when the range straddles zero. NaN/Inf are counted only when
-min or max is not finite, since both propagate NaN and infinities.
+Capture runs inside every module call, so the statistics of a floating
+tensor take six cheap kernels and no allocation: ``aminmax``, ``sum``, the
+signs of the elements written into a reused buffer ``s``, then three dot
+products, ``x.x`` (sum of squares), ``s.x`` (sum of absolute values) and
+``s.s`` (count of non-zeros), all read back in one transfer. Mean and std
+follow from the sums; NaN/Inf are counted only when min or max is not
+finite, since both propagate NaN and infinities. Large tensors are processed
+in chunks of 2**20 elements, which bounds the buffers and keeps the float32
+count of non-zeros exact.
 
 ``std`` is the unbiased standard deviation (as ``torch.std``), computed in
 float64 from the sums; it loses relative precision when ``|mean| >> std``.
-Half-precision and float8 tensors are upcast to float32 first.
+Half-precision and float8 tensors are upcast to float32 first, chunk by
+chunk, into a reused buffer.
 """
 
 from __future__ import annotations
@@ -26,20 +31,48 @@ FLOAT_DTYPES = {torch.float16, torch.bfloat16, torch.float32, torch.float64} | {
 
 STAT_KEYS = ("numel", "mean", "std", "min", "max", "abs_mean", "nan", "posinf", "neginf", "zeros")
 
+# Elements per pass over the work buffers: bounds their size, and keeps every
+# partial count of non-zeros below 2**24, where float32 counts exactly.
+CHUNK = 1 << 20
+_NATIVE = (torch.float32, torch.float64)
 
-def tensor_stats(tensor: torch.Tensor) -> dict[str, Any]:
+
+class StatsBuffers:
+    """Work buffers reused across ``tensor_stats`` calls, at most ``CHUNK`` elements each.
+
+    One capture keeps one instance, so that computing statistics allocates
+    nothing after the first tensors; memory held is bounded by two buffers
+    per (device, dtype) seen, whatever the number of tensors.
+    """
+
+    def __init__(self) -> None:
+        self._buffers: dict[tuple[torch.device, torch.dtype, int], torch.Tensor] = {}
+
+    def get(self, device: torch.device, dtype: torch.dtype, n: int, slot: int = 0) -> torch.Tensor:
+        """A 1-D buffer of ``n <= CHUNK`` elements; its contents are undefined."""
+        key = (device, dtype, slot)
+        buffer = self._buffers.get(key)
+        if buffer is None or buffer.numel() < n:
+            size = min(CHUNK, 1 << max(n - 1, 1).bit_length())  # grow by powers of two
+            buffer = torch.empty(size, dtype=dtype, device=device)
+            self._buffers[key] = buffer
+        return buffer[:n]
+
+
+def tensor_stats(tensor: torch.Tensor, *, buffers: StatsBuffers | None = None) -> dict[str, Any]:
     """Statistics of ``tensor`` as plain Python numbers.
 
     Floating tensors get every key of ``STAT_KEYS``; integer and bool tensors
     get ``numel``, ``min``, ``max`` and ``zeros``; empty tensors get ``numel``
-    only. Infinite or NaN results are kept as float ``inf``/``nan``.
+    only. Infinite or NaN results are kept as float ``inf``/``nan``. Pass the
+    same ``buffers`` to successive calls to avoid allocating work memory.
     """
     t = tensor.detach()
     n = t.numel()
     if n == 0:
         return {"numel": 0}
     if t.dtype in FLOAT_DTYPES:
-        return _float_stats(t, n)
+        return _float_stats(t, n, buffers if buffers is not None else StatsBuffers())
     if t.is_complex():
         return {"numel": n}
     if t.dtype == torch.bool:
@@ -50,27 +83,40 @@ def tensor_stats(tensor: torch.Tensor) -> dict[str, Any]:
     return {"numel": n, "min": int(lo), "max": int(hi), "zeros": zeros}
 
 
-def _float_stats(t: torch.Tensor, n: int) -> dict[str, Any]:
-    x = t if t.dtype in (torch.float32, torch.float64) else t.float()
-    flat = x.reshape(-1)
-    lo, hi = torch.aminmax(flat)
-    packed = torch.stack([lo, hi, flat.sum(), torch.dot(flat, flat), flat.abs().sum()])
-    lo_v, hi_v, total, squares, abs_total = packed.tolist()
-    out: dict[str, Any] = {"numel": n, "min": lo_v, "max": hi_v}
-    if math.isfinite(lo_v) and math.isfinite(hi_v):
-        out.update(nan=0, posinf=0, neginf=0)
-        zeros = 0 if (lo_v > 0 or hi_v < 0) else n - int(torch.count_nonzero(flat))
+def _float_stats(t: torch.Tensor, n: int, buffers: StatsBuffers) -> dict[str, Any]:
+    flat = t.reshape(-1)
+    parts: list[torch.Tensor] = []
+    for start in range(0, n, CHUNK):
+        x = flat if n <= CHUNK else flat[start:start + CHUNK]
+        m = x.numel()
+        if x.dtype not in _NATIVE:
+            x = buffers.get(x.device, torch.float32, m, slot=1).copy_(x)
+        signs = torch.sign(x, out=buffers.get(x.device, x.dtype, m))
+        lo, hi = torch.aminmax(x)
+        parts += (lo, hi, x.sum(), torch.dot(x, x), torch.dot(signs, x), torch.dot(signs, signs))
+    values = torch.stack(parts).tolist()
+    lows, highs = values[0::6], values[1::6]
+    if all(math.isfinite(v) for v in lows + highs):
+        total, squares, abs_total = math.fsum(values[2::6]), math.fsum(values[3::6]), math.fsum(values[4::6])
+        zeros = n - round(math.fsum(values[5::6]))
         mean = total / n
         var = (squares - total * total / n) / (n - 1) if n > 1 else math.nan
-        out.update(mean=mean, std=math.sqrt(var) if var > 0 else (0.0 if var == var else math.nan))
-        out.update(abs_mean=abs_total / n, zeros=zeros)
-        return out
+        return {
+            "numel": n, "min": min(lows), "max": max(highs), "nan": 0, "posinf": 0, "neginf": 0,
+            "mean": mean, "std": math.sqrt(var) if var > 0 else (0.0 if var == var else math.nan),
+            "abs_mean": abs_total / n, "zeros": zeros,
+        }
+    return _non_finite_stats(flat if flat.dtype in _NATIVE else flat.float(), n)
+
+
+def _non_finite_stats(flat: torch.Tensor, n: int) -> dict[str, Any]:
     nan = int(torch.isnan(flat).sum())
     posinf = int((flat == math.inf).sum())
     neginf = int((flat == -math.inf).sum())
     finite = flat[torch.isfinite(flat)]
     m = finite.numel()
-    out.update(nan=nan, posinf=posinf, neginf=neginf, zeros=n - int(torch.count_nonzero(flat)) - nan)
+    out: dict[str, Any] = {"numel": n, "nan": nan, "posinf": posinf, "neginf": neginf,
+                           "zeros": n - int(torch.count_nonzero(flat)) - nan}
     # Moments over all elements would be NaN; report them over the finite ones.
     if m:
         f64 = finite.double()

@@ -8,6 +8,7 @@ lists, dicts, dataclasses). Tensors must match in shape, dtype and every bit
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +37,14 @@ def _bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     return bool(torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8)))
 
 
+def _max_abs_difference(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Largest ``|a - b|``; equal infinities and NaN against NaN count 0, NaN against a number inf."""
+    a64, b64 = a.detach().cpu().double(), b.detach().cpu().double()
+    same = (a64 == b64) | (a64.isnan() & b64.isnan())
+    diff = (a64 - b64).abs().masked_fill(same, 0.0).nan_to_num(nan=math.inf)
+    return float(diff.max()) if diff.numel() else 0.0
+
+
 def compare_outputs(captured: Any, plain: Any) -> Verification:
     """Compare the output of the captured call with the output of a plain call."""
     differences: list[str] = []
@@ -52,8 +61,11 @@ def _walk(a: Any, b: Any, where: str, differences: list[str], depth: int = 0) ->
         elif a.shape != b.shape or a.dtype != b.dtype:
             differences.append(f"{where}: {tuple(a.shape)} {a.dtype} vs {tuple(b.shape)} {b.dtype}")
         elif not _bitwise_equal(a, b):
-            diff = (a.double() - b.double()).abs().nan_to_num(nan=float("inf")).max().item()
-            differences.append(f"{where}: values differ (max abs difference {diff:.3g})")
+            diff = _max_abs_difference(a, b)
+            if diff == 0:
+                differences.append(f"{where}: bits differ, values equal (signed zeros or NaN payloads)")
+            else:
+                differences.append(f"{where}: values differ (max abs difference {diff:.3g})")
         return 1
     if dataclasses.is_dataclass(a) and not isinstance(a, type) and type(a) is type(b) and not isinstance(a, dict):
         a = {f.name: getattr(a, f.name) for f in dataclasses.fields(a)}

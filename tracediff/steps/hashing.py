@@ -50,7 +50,7 @@ def tensor_bytes_le(tensor: torch.Tensor) -> memoryview:
     raw = t.reshape(-1).view(torch.uint8)
     if sys.byteorder == "big" and t.element_size() > 1:  # pragma: no cover - no big-endian CI
         raw = raw.reshape(-1, t.element_size()).flip(1).reshape(-1)
-    return memoryview(raw.numpy())
+    return memoryview(raw.numpy())  # type: ignore[arg-type]  # ndarray exports the buffer protocol
 
 
 def tensor_hash(tensor: torch.Tensor) -> str:

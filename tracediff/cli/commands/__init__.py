@@ -1,5 +1,5 @@
 """One module per subcommand, each with ``register(subparsers)``."""
 
-from . import align, capture
+from . import align, capture, demo, plot, show, steps
 
-ALL = [capture, align]
+ALL = [demo, capture, show, align, plot, steps]

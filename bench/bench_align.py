@@ -1,0 +1,134 @@
+"""Throughput and memory of ``tracediff.align`` on traces written by transformers' debugger.
+
+    python bench/bench_align.py                   # throughput on ~600 MB traces
+    python bench/bench_align.py --memory          # also peak RSS for ~100 MB and ~1 GB traces
+
+Traces come from a Llama-shaped ``LlamaModel`` (hidden 512, intermediate 1536,
+8 layers, 8 heads, 4 KV heads, vocab 8000) run through
+``transformers.model_addition_debugger_context(use_repr=False,
+do_prune_layers=False)``. For each size three traces are written: ``ref``,
+``same`` (a second capture of the same model: bit-identical payloads in other
+files) and ``port`` (every weight perturbed by 1e-4 noise, so every tensor
+after the embedding differs). The page cache is warmed by reading every file
+once, then ``align`` runs ``--repeats`` times per pair; throughput is the
+bytes of both traces' payloads over the median time. Peak RSS is measured in
+a fresh process per size, next to the RSS of that process before aligning.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+MB_PER_TOKEN = 0.545  # payload MB per token of sequence for this model, measured
+
+
+def build_traces(folder: Path, seq: int) -> None:
+    import torch
+    from transformers import LlamaConfig, LlamaModel, model_addition_debugger_context
+
+    config = LlamaConfig(hidden_size=512, intermediate_size=1536, num_hidden_layers=8, num_attention_heads=8,
+                         num_key_value_heads=4, vocab_size=8000, max_position_embeddings=max(4096, seq))
+    torch.manual_seed(0)
+    model = LlamaModel(config).eval()
+    ids = torch.randint(0, config.vocab_size, (1, seq))
+    for name in ("ref", "same", "port"):
+        if name == "port":
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.add_(torch.randn_like(p) * 1e-4)
+        out = folder / name
+        shutil.rmtree(out, ignore_errors=True)
+        with torch.no_grad(), model_addition_debugger_context(model, debug_path=str(out), use_repr=False,
+                                                               do_prune_layers=False):
+            model(ids)
+
+
+def payload_bytes(folder: Path) -> int:
+    return sum(f.stat().st_size for f in folder.glob("*.safetensors"))
+
+
+def warm(folder: Path) -> None:
+    for f in folder.iterdir():
+        with open(f, "rb") as handle:
+            while handle.read(1 << 24):
+                pass
+
+
+def time_align(a: Path, b: Path, repeats: int) -> tuple[float, bool]:
+    import tracediff
+
+    tracediff.align(a, b)  # warm-up
+    times, passed = [], True
+    for _ in range(repeats):
+        start = time.perf_counter()
+        passed = tracediff.align(a, b).passed
+        times.append(time.perf_counter() - start)
+    return statistics.median(times), passed
+
+
+def peak_rss_child(a: str, b: str) -> None:
+    import tracediff  # noqa: F401  (imports torch, pandas: counted in the baseline)
+
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    tracediff.align(a, b)
+    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    print(json.dumps({"baseline_mb": before / 1024, "peak_mb": after / 1024}))
+
+
+def ensure(folder: Path, target_mb: int) -> Path:
+    seq = max(16, round(target_mb / MB_PER_TOKEN))
+    here = folder / f"seq{seq}"
+    if not all((here / n).is_dir() and any((here / n).glob("*.json")) for n in ("ref", "same", "port")):
+        print(f"writing traces with seq={seq} into {here} ...", file=sys.stderr)
+        here.mkdir(parents=True, exist_ok=True)
+        build_traces(here, seq)
+    return here
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--work", default="/tmp/tracediff-bench-align", help="where traces are written and kept")
+    parser.add_argument("--size-mb", type=int, default=600, help="target payload size of one trace (MB)")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--memory", action="store_true", help="also measure peak RSS at ~100 MB and ~1 GB")
+    parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        peak_rss_child(*args.child)
+        return
+
+    import torch
+
+    work = Path(args.work)
+    here = ensure(work, args.size_mb)
+    for name in ("ref", "same", "port"):
+        warm(here / name)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} cores")
+    print(f"{'pair':<12}{'MB (A+B)':>10}{'median s':>10}{'GB/s':>8}  passed")
+    for pair in ("same", "port"):
+        total = payload_bytes(here / "ref") + payload_bytes(here / pair)
+        seconds, passed = time_align(here / "ref", here / pair, args.repeats)
+        print(f"ref~{pair:<8}{total / 1e6:>10.0f}{seconds:>10.3f}{total / seconds / 1e9:>8.2f}  {passed}")
+
+    if args.memory:
+        print(f"\n{'trace MB':>9}{'baseline RSS MB':>17}{'peak RSS MB':>13}")
+        for target in (100, 1000):
+            folder = ensure(work, target)
+            out = subprocess.run([sys.executable, __file__, "--child", str(folder / "ref"), str(folder / "port")],
+                                 capture_output=True, text=True, check=True)
+            rss = json.loads(out.stdout.strip().splitlines()[-1])
+            size = payload_bytes(folder / "ref") / 1e6
+            print(f"{size:>9.0f}{rss['baseline_mb']:>17.0f}{rss['peak_mb']:>13.0f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,348 @@
+"""Cost of capturing a forward pass, next to a plain forward and transformers' debugger.
+
+    python bench/bench_capture.py [--repeats 5] [--json out.json]
+
+Model: ``LlamaForCausalLM(LlamaConfig(hidden_size=512, intermediate_size=1536,
+num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4,
+vocab_size=8000))``, random weights (seed 0), batch 1, sequence 256, CPU,
+float32, under ``torch.no_grad()``.
+
+Every configuration runs in this one process, interleaved: one warm-up run
+each, then ``--repeats`` rounds that run every configuration once, in an order
+rotated from round to round so that drift of a noisy machine spreads evenly.
+Each run writes into a fresh directory under ``--out-root`` (default: the
+system temp dir) and the directory is deleted after it is measured. The time
+of a run covers the whole ``with`` block, so it includes writing the JSON
+trees when the context exits.
+
+Peak memory is measured separately, one fresh subprocess per configuration:
+build the model, run once to warm up, reset the kernel's high-water mark
+(``/proc/self/clear_refs``), run once more, read ``VmHWM``. ``--depth-check``
+adds the peak of a full capture at several depths, to show that it does not
+grow with the number of modules traced.
+
+``--floors`` adds what no capture can beat on this machine, on the distinct
+tensors a full capture records: writing their bytes to fresh files, and
+computing their statistics.
+
+Nothing here asserts: the targets are printed with the measured ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+Context = Callable[[torch.nn.Module, Path], contextlib.AbstractContextManager[Any]]
+
+TARGET_FULL = 1.8  # full-tensor capture, times a plain forward
+TARGET_SUMMARY = 1.4  # statistics-only capture, times a plain forward
+
+
+def _hf(use_repr: bool, prune: bool) -> Context:
+    def context(model: torch.nn.Module, out: Path) -> contextlib.AbstractContextManager[Any]:
+        import transformers
+
+        return transformers.model_addition_debugger_context(
+            model, debug_path=str(out), use_repr=use_repr, do_prune_layers=prune)
+    return context
+
+
+def _native(tensors: str) -> Context:
+    def context(model: torch.nn.Module, out: Path) -> contextlib.AbstractContextManager[Any]:
+        import tracediff
+
+        return tracediff.capture(model, out, tensors=tensors)  # type: ignore[arg-type]
+    return context
+
+
+def _compat(model: torch.nn.Module, out: Path) -> contextlib.AbstractContextManager[Any]:
+    import tracediff
+
+    return tracediff.model_addition_debugger_context(model, debug_path=str(out), use_repr=False,
+                                                     do_prune_layers=False)
+
+
+CONFIGS: dict[str, tuple[str, Context | None]] = {
+    "plain": ("plain forward", None),
+    "hf": ("transformers debugger, use_repr=False, do_prune_layers=False", _hf(False, False)),
+    "hf_pruned": ("transformers debugger, use_repr=False, do_prune_layers=True (its default)", _hf(False, True)),
+    "hf_repr": ("transformers debugger, use_repr=True, do_prune_layers=False", _hf(True, False)),
+    "full": ('tracediff.capture(tensors="full")', _native("full")),
+    "summary": ('tracediff.capture(tensors="summary")', _native("summary")),
+    "compat": ("tracediff.model_addition_debugger_context, use_repr=False, do_prune_layers=False", _compat),
+}
+
+
+def build_model(layers: int, seq_len: int) -> tuple[torch.nn.Module, torch.Tensor]:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(hidden_size=512, intermediate_size=1536, num_hidden_layers=layers,
+                         num_attention_heads=8, num_key_value_heads=4, vocab_size=8000)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).eval()
+    input_ids = torch.randint(0, config.vocab_size, (1, seq_len), generator=torch.Generator().manual_seed(1))
+    return model, input_ids
+
+
+@contextlib.contextmanager
+def fresh_dir(root: Path) -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="tracediff-bench-", dir=root))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def disk_usage(path: Path) -> tuple[int, int]:
+    """(bytes, files) written under ``path``."""
+    files = [p for p in path.rglob("*") if p.is_file()]
+    return sum(p.stat().st_size for p in files), len(files)
+
+
+def run_once(name: str, model: torch.nn.Module, input_ids: torch.Tensor, root: Path) -> tuple[float, int, int]:
+    """Seconds for one forward under configuration ``name``, and the bytes and files it wrote."""
+    context = CONFIGS[name][1]
+    with fresh_dir(root) as out:
+        gc.collect()
+        start = time.perf_counter()
+        with torch.no_grad():
+            if context is None:
+                model(input_ids)
+            else:
+                with context(model, out):
+                    model(input_ids)
+        seconds = time.perf_counter() - start
+        written, files = disk_usage(out)
+    torch.set_printoptions(profile="default")  # transformers' debugger leaves sci_mode on
+    return seconds, written, files
+
+
+def time_configs(names: list[str], model: torch.nn.Module, input_ids: torch.Tensor, root: Path,
+                 repeats: int) -> dict[str, dict[str, Any]]:
+    results: dict[str, dict[str, Any]] = {name: {"seconds": []} for name in names}
+    for name in names:  # warm-up
+        run_once(name, model, input_ids, root)
+    for round_index in range(repeats):
+        shift = round_index % len(names)
+        for name in names[shift:] + names[:shift]:
+            seconds, written, files = run_once(name, model, input_ids, root)
+            results[name]["seconds"].append(seconds)
+            results[name]["bytes"], results[name]["files"] = written, files
+    for result in results.values():
+        result["median"] = statistics.median(result["seconds"])
+    return results
+
+
+def distinct_tensors(model: torch.nn.Module, input_ids: torch.Tensor) -> list[torch.Tensor]:
+    """Every distinct tensor a full capture of the forward records (inputs and outputs of every call)."""
+    seen: dict[int, torch.Tensor] = {}
+
+    def collect(value: Any) -> None:
+        if isinstance(value, torch.Tensor):
+            seen.setdefault(id(value), value.detach().clone())
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                collect(item)
+        elif isinstance(value, dict):
+            for item in value.values():
+                collect(item)
+        elif hasattr(value, "to_tuple"):
+            collect(value.to_tuple())
+
+    def hook(module: torch.nn.Module, args: Any, kwargs: Any, output: Any) -> None:
+        collect((args, kwargs, output))
+
+    handles = [m.register_forward_hook(hook, with_kwargs=True) for m in model.modules()]
+    try:
+        with torch.no_grad():
+            model(input_ids)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return list(seen.values())
+
+
+def time_floors(tensors: list[torch.Tensor], root: Path, repeats: int) -> dict[str, dict[str, Any]]:
+    """Seconds to write the tensors' bytes to fresh files (header, rename) and to compute their statistics."""
+    from tracediff._io import write_tensor_file
+    from tracediff.capture.stats import StatsBuffers, tensor_stats
+
+    def write_all() -> float:
+        with fresh_dir(root) as out:
+            start = time.perf_counter()
+            for i, t in enumerate(tensors):
+                write_tensor_file(out / f"{i}.safetensors", t)
+            return time.perf_counter() - start
+
+    def stats_all() -> float:
+        buffers = StatsBuffers()
+        start = time.perf_counter()
+        for t in tensors:
+            tensor_stats(t, buffers=buffers)
+        return time.perf_counter() - start
+
+    total = sum(t.numel() * t.element_size() for t in tensors)
+    floors = {"floor_write": (write_all, f"floor: write the {len(tensors)} distinct tensors to fresh files"),
+              "floor_stats": (stats_all, f"floor: statistics of the {len(tensors)} distinct tensors")}
+    results: dict[str, dict[str, Any]] = {}
+    for name, (measure, label) in floors.items():
+        measure()
+        seconds = [measure() for _ in range(repeats)]
+        results[name] = {"label": label, "seconds": seconds, "median": statistics.median(seconds),
+                         "bytes": total if name == "floor_write" else 0, "files": len(tensors) if name == "floor_write" else 0}
+    return results
+
+
+def _reset_peak() -> bool:
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+def _status_kib(field: str) -> int | None:
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+def measure_memory_here(name: str, layers: int, seq_len: int, root: Path) -> dict[str, Any]:
+    """Run in a fresh subprocess: RSS before the measured run and its peak, in MiB."""
+    model, input_ids = build_model(layers, seq_len)
+    run_once(name, model, input_ids, root)
+    gc.collect()
+    reset = _reset_peak()
+    before = _status_kib("VmRSS")
+    run_once(name, model, input_ids, root)
+    if reset:
+        peak = _status_kib("VmHWM")
+    else:  # no clear_refs: the process's lifetime peak, which includes building the model
+        import resource
+
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return {"rss_before_mib": (before or 0) / 1024, "peak_rss_mib": (peak or 0) / 1024, "peak_reset": reset}
+
+
+def measure_memory(name: str, layers: int, seq_len: int, root: Path) -> dict[str, Any]:
+    command = [sys.executable, __file__, "--_memory", name, "--layers", str(layers), "--seq-len", str(seq_len),
+               "--out-root", str(root)]
+    done = subprocess.run(command, capture_output=True, text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def machine_facts(root: Path) -> dict[str, Any]:
+    import transformers
+
+    import tracediff
+
+    cpu = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    return {
+        "python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
+        "tracediff": tracediff.__version__, "torch_threads": torch.get_num_threads(), "cpus": os.cpu_count(),
+        "cpu": cpu, "platform": platform.platform(), "out_root": str(root),
+    }
+
+
+def render(results: dict[str, dict[str, Any]], memory: dict[str, dict[str, Any]], facts: dict[str, Any]) -> str:
+    from tabulate import tabulate
+
+    plain = results["plain"]["median"]
+    rows = []
+    for name, result in results.items():
+        mem = memory.get(name, {})
+        label = result.get("label") or CONFIGS[name][0]
+        rows.append([name, label, f"{result['median']:.3f}", f"{result['median'] / plain:.2f}x",
+                     f"{result['bytes'] / 1e6:.1f}", result["files"],
+                     f"{mem['peak_rss_mib']:.0f}" if mem else "", f"{mem['rss_before_mib']:.0f}" if mem else ""])
+    lines = [" ".join(f"{k}={v}" for k, v in facts.items()), "",
+             tabulate(rows, headers=["config", "what", "median s", "vs plain", "MB written", "files",
+                                     "peak RSS MiB", "RSS before MiB"], disable_numparse=True)]
+    full, summary = results.get("full"), results.get("summary")
+    if full:
+        line = f"full capture: {full['median'] / plain:.2f}x plain (target <= {TARGET_FULL}x)"
+        if "hf" in results:
+            line += f", {results['hf']['median'] / full['median']:.2f}x faster than transformers' debugger"
+        lines += ["", line]
+    if summary:
+        lines.append(f"summary capture: {summary['median'] / plain:.2f}x plain (target <= {TARGET_SUMMARY}x)")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=5, help="timed rounds after the warm-up (default 5)")
+    parser.add_argument("--json", type=Path, help="also write every measurement to this JSON file")
+    parser.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated subset of: " + ", ".join(CONFIGS))
+    parser.add_argument("--layers", type=int, default=8, help="num_hidden_layers (default 8)")
+    parser.add_argument("--seq-len", type=int, default=256, help="sequence length (default 256)")
+    parser.add_argument("--out-root", type=Path, default=Path(tempfile.gettempdir()),
+                        help="where the per-run trace directories are made (default: the system temp dir)")
+    parser.add_argument("--no-memory", action="store_true", help="skip the peak-RSS subprocesses")
+    parser.add_argument("--floors", action="store_true", help="also time writing and measuring the raw tensors")
+    parser.add_argument("--depth-check", default="", metavar="N,N,...",
+                        help="also measure the peak RSS of a full capture at these depths, e.g. 4,8,16")
+    parser.add_argument("--_memory", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+
+    if args._memory:
+        print(json.dumps(measure_memory_here(args._memory, args.layers, args.seq_len, args.out_root)))
+        return 0
+    names = [n for n in args.configs.split(",") if n]
+    unknown = [n for n in names if n not in CONFIGS]
+    if unknown:
+        parser.error(f"unknown configs {unknown}; choose from {list(CONFIGS)}")
+    if "plain" not in names:
+        names.insert(0, "plain")
+    args.out_root.mkdir(parents=True, exist_ok=True)
+    facts = machine_facts(args.out_root)
+    model, input_ids = build_model(args.layers, args.seq_len)
+    results = time_configs(names, model, input_ids, args.out_root, args.repeats)
+    if args.floors:
+        results.update(time_floors(distinct_tensors(model, input_ids), args.out_root, args.repeats))
+    del model
+    memory = {} if args.no_memory else {n: measure_memory(n, args.layers, args.seq_len, args.out_root) for n in names}
+    print(render(results, memory, facts))
+    depth: dict[int, dict[str, Any]] = {}
+    for layers in [int(n) for n in args.depth_check.split(",") if n]:
+        depth[layers] = {name: measure_memory(name, layers, args.seq_len, args.out_root) for name in ("plain", "full")}
+    if depth:
+        print("\npeak RSS (MiB) of a full capture by depth, next to a plain forward of the same model:")
+        for layers, mem in depth.items():
+            extra = mem["full"]["peak_rss_mib"] - mem["plain"]["peak_rss_mib"]
+            print(f"  {layers:3d} layers: plain {mem['plain']['peak_rss_mib']:.0f}, full {mem['full']['peak_rss_mib']:.0f}"
+                  f" (+{extra:.0f})")
+    if args.json:
+        report = {"facts": facts, "repeats": args.repeats, "layers": args.layers, "seq_len": args.seq_len,
+                  "results": results, "memory": memory, "depth": {str(k): v for k, v in depth.items()}}
+        args.json.write_text(json.dumps(report, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

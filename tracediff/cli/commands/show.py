@@ -1,0 +1,49 @@
+"""``tracediff show TRACE``."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from ...render.tree import render_csv, render_json, render_tree
+from ...show import show_trace
+from .._output import add_output_options, emit
+
+EXAMPLE = """examples:
+  tracediff show traces/port
+  tracediff show traces/port --path 'layers.0.*' --depth 1
+  tracediff show traces/port --path '*.mlp' --format csv -o mlp.csv
+
+--path is a glob over module paths, relative (layers.0.mlp) or full
+(LlamaModel.layers.0.mlp); '*' also crosses dots. Matching calls are shown
+with everything below them (down to --depth levels) and their ancestors.
+Tensors holding NaN or Inf are flagged, and the first one is named."""
+
+
+def register(sub: Any) -> None:
+    p = sub.add_parser("show", help="print the call tree of one trace with shapes, dtypes and statistics",
+                       description="Print the call tree of one trace: every module call with the shape, dtype, "
+                                   "mean, std, min and max of its tensors; NaN/Inf flagged.",
+                       epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("trace", metavar="TRACE", help="trace folder (or its JSON file)")
+    p.add_argument("--path", metavar="GLOB", help="only calls whose module path matches GLOB (and their subtrees)")
+    p.add_argument("--depth", type=_depth, metavar="N", help="levels shown below the root (or below each match)")
+    add_output_options(p, ["table", "json", "csv"])
+    p.set_defaults(run=run)
+
+
+def _depth(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of levels") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is negative; use 0 for the top only")
+    return value
+
+
+def run(args: argparse.Namespace) -> int:
+    view = show_trace(args.trace, path=args.path, depth=args.depth)
+    render = {"json": render_json, "csv": render_csv}.get(args.format, render_tree)
+    emit(render(view), args.output)
+    return 0

@@ -1,0 +1,377 @@
+"""Rendering an ``Alignment`` as one self-contained HTML report.
+
+The file opens offline (no network, no external resource: the CSS and JS of
+``report.css`` / ``report.js`` are inlined) and holds, from the top: the
+verdict and the first divergence; the error of every compared tensor along
+execution order (max-abs and max-relative error on a log scale, the atol
+line, the first divergence marked; an SVG drawn in the page); B's call tree
+coloured by error, in collapsible ``<details>``; the full table, sortable and
+filterable, 100 rows a page; unmatched nodes, differing non-tensor values,
+warnings and suggested rename rules.
+
+The rows travel as one JSON document inside the page (strings interned,
+floats rounded to 5 significant digits), so a trace of thousands of tensors
+stays a file of a few hundred kilobytes. Every text from the traces is
+escaped: HTML text through ``html.escape``, the JSON with ``<``, ``>``, ``&``
+and line separators as ``\\u`` escapes, and the page's script inserts it
+with ``textContent`` only.
+
+Limitations: the plot and the table need JavaScript (a ``<noscript>`` note
+says so); the call tree and the lists do not. The tree is rebuilt from B's
+module paths, so a module called several times is one entry (its worst call).
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import math
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Any
+
+from .._version import __version__
+from ..align.result import TABLE_COLUMNS, Alignment, TensorComparison
+
+_LIST_LIMIT = 1000
+_VALUE_CHARS = 200
+_OK = ("identical", "close")
+
+
+def render_html(result: Alignment, *, title: str | None = None) -> str:
+    """The report as one HTML document (a ``str``; write it with UTF-8)."""
+    first = result.first_divergence
+    heading = title or f"{result.model_b} vs {result.model_a}"
+    verdict = "PASSED" if result.passed else "DIVERGED" if first is not None else "NOT PASSED"
+    parts = [
+        "<!doctype html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; "
+        "style-src 'unsafe-inline'; script-src 'unsafe-inline'; img-src data:\">",
+        f"<title>{_e(verdict)}: {_e(heading)} · tracediff</title>",
+        f"<style>{_static('report.css')}</style></head>",
+        f'<body data-ready="0" data-verdict="{_e(verdict.lower())}">',
+        _header(result, heading, verdict, first),
+        _nav(result),
+        '<section id="plot"><h2>Error along execution order</h2>'
+        '<p class="hint">Each point is one compared tensor, in B\'s execution order. '
+        "Hover for details, click to show it in the table.</p>"
+        '<div class="legend plot-legend"><span><span class="swatch sw-abs"></span>max abs error</span>'
+        '<span><span class="swatch sw-rel"></span>max rel error</span>'
+        '<span><span class="swatch sw-tol"></span>atol</span>'
+        '<span><span class="swatch sw-first"></span>first divergence</span>'
+        '<span><span class="dot sev3"></span>out of tolerance</span></div>'
+        '<div id="plot-area" class="plot"></div>'
+        "<noscript><p class=\"warn\">The plot and the table need JavaScript.</p></noscript></section>",
+        _tree_section(result, first),
+        _table_section(),
+        _lists_section(result),
+        f'<footer>tracediff {_e(__version__)} · A: {_e(result.trace_a)} · B: {_e(result.trace_b)}</footer>',
+        f'<script type="application/json" id="tracediff-data">{_data_json(result)}</script>',
+        f"<script>{_static('report.js')}</script>",
+        "</body></html>",
+    ]
+    return "\n".join(parts) + "\n"
+
+
+def _e(value: Any) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def _static(name: str) -> str:
+    # The static files hold no "</" (a test checks), so they cannot close their own element.
+    return resources.files("tracediff.render").joinpath(name).read_text(encoding="utf-8")
+
+
+def _num(value: float | None) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "n/a"
+    if math.isinf(value):
+        return "inf" if value > 0 else "-inf"
+    return f"{value:.3g}"
+
+
+# --- header ------------------------------------------------------------------------------------------
+
+
+def _header(result: Alignment, heading: str, verdict: str, first: TensorComparison | None) -> str:
+    s = result.summary()
+    chips = [f'<span class="chip">{s["compared"]} tensors compared</span>',
+             f'<span class="chip">{s["matched_nodes"]} module calls matched '
+             f'{"by structure" if result.structural else "by name"}</span>']
+    for status, n in sorted(s["statuses"].items()):
+        chips.append(f'<span class="chip st-{_e(status)}">{n} {_e(status)}</span>')
+    if s["approximate"]:
+        chips.append(f'<span class="chip">{s["approximate"]} from statistics only</span>')
+    if result.unmatched_a or result.unmatched_b:
+        chips.append(f'<span class="chip">{len(result.unmatched_a)} only in A, {len(result.unmatched_b)} only in B'
+                     "</span>")
+    if first is not None:
+        where = _e(first.module_path_b)
+        if first.module_path_a != first.module_path_b:
+            where += f' <span class="muted">(A: {_e(first.module_path_a)})</span>'
+        call = f" call {first.call_index_b}" if first.call_index_b else ""
+        amplification = ""
+        if first.tensor.startswith("outputs") and first.input_err == 0:
+            amplification = "<li>its inputs are identical in both traces: the difference starts in this call</li>"
+        elif first.tensor.startswith("outputs") and first.input_err is not None:
+            amplification = (f"<li>its inputs differed by at most {_e(_num(first.input_err))}; "
+                             f"this call amplified that {_e(_num(first.amplification))}&times;</li>")
+        detail = (
+            f'<div id="first-divergence" class="first" data-order="{first.order}">'
+            f'<div class="label">First divergence · {_e(first.origin or "")}</div>'
+            f'<div class="where"><code>{where}</code>{_e(call)} <code class="slot">{_e(first.tensor)}</code></div>'
+            f"<ul><li>max abs error <b>{_e(_num(first.max_abs_err))}</b>, max rel error "
+            f"<b>{_e(_num(first.max_rel_err))}</b>, cosine {_e(_num(first.cosine))}; {_e(first.reason)}</li>"
+            f"<li>tolerance atol={_e(_num(first.atol))} rtol={_e(_num(first.rtol))}; would pass with "
+            f"atol&ge;{_e(_num(first.required_atol))} or rtol&ge;{_e(_num(first.required_rtol))}</li>"
+            f"{amplification}</ul>"
+            '<a href="#table" class="jump" data-order-link="first">show in the table</a></div>'
+        )
+    elif result.passed:
+        detail = '<div id="first-divergence" class="first ok">Every compared tensor is within tolerance.</div>'
+    else:
+        detail = (f'<div id="first-divergence" class="first na">{len(result.unreadable)} tensor(s) could not be '
+                  "read; see the table (status unreadable).</div>")
+    return (f'<header class="verdict {"pass" if result.passed else "fail"}">'
+            f'<div class="title"><span class="badge">{_e(verdict)}</span><h1>{_e(heading)}</h1></div>'
+            f'<div class="traces"><div><b>A</b> (reference) <code>{_e(result.trace_a)}</code> '
+            f'<span class="muted">{_e(result.model_a)}</span></div>'
+            f'<div><b>B</b> <code>{_e(result.trace_b)}</code> <span class="muted">{_e(result.model_b)}</span></div>'
+            f'</div><div class="chips">{"".join(chips)}</div>{detail}</header>')
+
+
+def _nav(result: Alignment) -> str:
+    links = [("plot", "Plot"), ("tree", "Call tree"), ("table", "Table")]
+    if result.unmatched_a or result.unmatched_b:
+        links.append(("unmatched", "Unmatched"))
+    if result.argument_diffs:
+        links.append(("arguments", "Non-tensor values"))
+    if result.warnings or result.suggested_rename:
+        links.append(("notes", "Notes"))
+    return "<nav>" + "".join(f'<a href="#{key}">{label}</a>' for key, label in links) + "</nav>"
+
+
+# --- the call tree of B ------------------------------------------------------------------------------
+
+
+@dataclass
+class _TreeNode:
+    path: str
+    name: str
+    first_order: float = math.inf
+    rows: int = 0
+    worst: float = 0.0  # largest max_abs_err / atol over this node's own rows
+    max_abs: float = 0.0
+    diverged: int = 0
+    bad_status: str | None = None
+    introduced: bool = False
+    first: bool = False
+    only_b: bool = False
+    module_type: str | None = None
+    calls: set[int] = field(default_factory=set)
+    children: list[_TreeNode] = field(default_factory=list)
+    subtree_worst: float = 0.0
+    introduced_below: bool = False
+    subtree_diverged: int = 0
+    contains_first: bool = False
+
+
+def _build_tree(result: Alignment, first: TensorComparison | None) -> list[_TreeNode]:
+    nodes: dict[str, _TreeNode] = {}
+
+    def node(path: str) -> _TreeNode:
+        if path not in nodes:
+            nodes[path] = _TreeNode(path=path, name=path)
+        return nodes[path]
+
+    for row in result.rows:
+        n = node(row.module_path_b)
+        n.rows += 1
+        n.first_order = min(n.first_order, row.order)
+        n.calls.add(row.call_index_b)
+        n.module_type = n.module_type or row.module_type
+        if not math.isnan(row.max_abs_err):
+            n.max_abs = max(n.max_abs, row.max_abs_err)
+            if row.diverged:
+                n.worst = max(n.worst, row.max_abs_err / row.atol if row.atol > 0 else math.inf)
+        if row.diverged:
+            n.diverged += 1
+            n.introduced = n.introduced or row.origin == "introduced"
+        elif row.status not in _OK:
+            n.bad_status = row.status
+        if first is not None and row.order == first.order:
+            n.first = True
+    for unmatched in result.unmatched_b:
+        if unmatched.tensor is None:
+            node(unmatched.module_path).only_b = True
+    # Parent: the longest proper dotted prefix that is a node itself.
+    roots: list[_TreeNode] = []
+    for path in sorted(nodes, key=lambda p: p.count(".")):
+        n = nodes[path]
+        parts = path.split(".")
+        parent = next((nodes[".".join(parts[:i])] for i in range(len(parts) - 1, 0, -1)
+                       if ".".join(parts[:i]) in nodes), None)
+        if parent is None:
+            roots.append(n)
+        else:
+            n.name = path[len(parent.path) + 1:]
+            parent.children.append(n)
+    for root in roots:
+        _finish(root)
+    return sorted(roots, key=lambda n: n.first_order)
+
+
+def _finish(n: _TreeNode) -> None:
+    for child in n.children:
+        _finish(child)
+        if child.only_b and not child.rows:
+            child.first_order = min((c.first_order for c in child.children), default=math.inf)
+    n.children.sort(key=lambda c: c.first_order)
+    n.subtree_worst = max([n.worst] + [c.subtree_worst for c in n.children])
+    n.subtree_diverged = n.diverged + sum(c.subtree_diverged for c in n.children)
+    n.contains_first = n.first or any(c.contains_first for c in n.children)
+    n.introduced_below = any(c.introduced or c.introduced_below for c in n.children)
+    if n.children and n.first_order == math.inf:
+        n.first_order = min(c.first_order for c in n.children)
+
+
+def _severity(n: _TreeNode) -> str:
+    if n.diverged:
+        return "sev3" if n.worst >= 1e3 else "sev2" if n.worst >= 10 else "sev1"
+    if n.bad_status:
+        return "na"
+    if n.only_b and not n.rows:
+        return "onlyb"
+    return "exact" if n.max_abs == 0 else "close"
+
+
+def _tree_html(n: _TreeNode, depth: int) -> str:
+    badges = []
+    if n.first:
+        badges.append('<span class="tag first-tag">first divergence</span>')
+    elif n.introduced and not n.introduced_below:
+        badges.append('<span class="tag intro">introduced</span>')
+    if n.only_b:
+        badges.append('<span class="tag onlyb">only in B</span>')
+    if n.bad_status:
+        badges.append(f'<span class="tag na">{_e(n.bad_status)}</span>')
+    calls = f' <span class="muted">×{len(n.calls)} calls</span>' if len(n.calls) > 1 else ""
+    kind = f' <span class="type">{_e(n.module_type)}</span>' if n.module_type else ""
+    err = f'<span class="err">{_e(_num(n.max_abs))}</span>' if n.rows else '<span class="err"></span>'
+    label = (f'<span class="dot {_severity(n)}"></span><span class="name" title="{_e(n.path)}">{_e(n.name)}'
+             f"</span>{kind}{calls}{''.join(badges)}{err}")
+    if not n.children:
+        return f'<div class="leaf {_severity(n)}">{label}</div>'
+    open_attr = " open" if depth < 1 or n.contains_first else ""
+    below = "".join(_tree_html(c, depth + 1) for c in n.children)
+    summary_note = (f' <span class="muted sub">{n.subtree_diverged} diverged inside</span>'
+                    if n.subtree_diverged and not n.contains_first and not n.diverged else "")
+    return (f'<details{open_attr} class="{_severity(n)}"><summary>{label}{summary_note}'
+            f"</summary>{below}</details>")
+
+
+def _tree_section(result: Alignment, first: TensorComparison | None) -> str:
+    roots = _build_tree(result, first)
+    legend = ('<div class="legend"><span><span class="dot exact"></span>identical</span>'
+              '<span><span class="dot close"></span>within tolerance</span>'
+              '<span><span class="dot sev1"></span>out of tolerance (&lt;10× atol)</span>'
+              '<span><span class="dot sev2"></span>10–1000× atol</span>'
+              '<span><span class="dot sev3"></span>&ge;1000× atol</span>'
+              '<span><span class="dot na"></span>not comparable</span>'
+              '<span><span class="dot onlyb"></span>only in B</span></div>')
+    body = "".join(_tree_html(root, 0) for root in roots) or '<p class="muted">No module calls.</p>'
+    return (f'<section id="tree"><h2>Call tree of B</h2><p class="hint">Coloured by each module\'s own largest '
+            f"error; the number is its largest max-abs error. Paths to the first divergence are open.</p>"
+            f'{legend}<div class="tree">{body}</div></section>')
+
+
+# --- table, lists ------------------------------------------------------------------------------------
+
+
+def _table_section() -> str:
+    return ('<section id="table"><h2>Compared tensors</h2>'
+            '<div class="controls"><input id="filter" type="search" placeholder="filter: words must all appear '
+            '(module, tensor, status, type, origin)" aria-label="filter rows">'
+            '<label><input type="checkbox" id="only-bad"> out of tolerance only</label>'
+            '<label><input type="checkbox" id="all-columns"> all columns</label></div>'
+            '<div class="table-wrap"><table id="rows"><thead></thead><tbody></tbody></table></div>'
+            '<div class="pager"><button id="prev" type="button">&larr; previous</button>'
+            '<span id="page-info"></span><button id="next" type="button">next &rarr;</button></div></section>')
+
+
+def _value(value: Any) -> str:
+    text = repr(value) if not isinstance(value, str) else value
+    return text if len(text) <= _VALUE_CHARS else text[: _VALUE_CHARS - 3] + "..."
+
+
+def _list_table(headers: list[str], rows: list[list[Any]]) -> str:
+    head = "".join(f"<th>{_e(h)}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(f"<td>{_e(c)}</td>" for c in row) + "</tr>" for row in rows[:_LIST_LIMIT])
+    more = f'<p class="muted">{len(rows) - _LIST_LIMIT} more not shown.</p>' if len(rows) > _LIST_LIMIT else ""
+    return f'<div class="table-wrap"><table class="list"><thead><tr>{head}</tr></thead><tbody>{body}</tbody>' \
+           f"</table></div>{more}"
+
+
+def _lists_section(result: Alignment) -> str:
+    out = []
+    if result.unmatched_a or result.unmatched_b:
+        parts = ['<section id="unmatched"><h2>Unmatched</h2><p class="hint">Calls (or tensors of matched calls) '
+                 "present in one trace only. A rename map (<code>--map</code>) lines up modules whose names "
+                 "differ.</p>"]
+        for label, items in (("Only in A", result.unmatched_a), ("Only in B", result.unmatched_b)):
+            if items:
+                rows = [[u.module_path, u.call_index, u.tensor or "(whole call)"] for u in items]
+                parts.append(f"<details open><summary>{_e(label)} ({len(items)})</summary>"
+                             f"{_list_table(['module', 'call', 'tensor'], rows)}</details>")
+        out.append("".join(parts) + "</section>")
+    if result.argument_diffs:
+        rows = [[d.module_path_b, d.call_index, d.slot, _value(d.value_a), _value(d.value_b), d.detail]
+                for d in result.argument_diffs]
+        out.append('<section id="arguments"><h2>Non-tensor values that differ</h2>'
+                   + _list_table(["module (B)", "call", "slot", "A", "B", "detail"], rows) + "</section>")
+    if result.warnings or result.suggested_rename:
+        notes = "".join(f'<li class="warn">{_e(w)}</li>' for w in result.warnings)
+        rename = ""
+        if result.suggested_rename:
+            lines = ",\n".join("  " + json.dumps(list(rule)) for rule in result.suggested_rename)
+            rules = '{"rename": [\n' + lines + "\n]}"
+            rename = ("<p>Suggested rename rules (A &rarr; B); save them with <code>--suggest-map FILE</code> and "
+                      f"check them:</p><pre>{_e(rules)}</pre>")
+        out.append(f'<section id="notes"><h2>Notes</h2><ul>{notes}</ul>{rename}</section>')
+    return "".join(out)
+
+
+# --- embedded data -----------------------------------------------------------------------------------
+
+
+def _compact(value: Any, strings: dict[str, int]) -> Any:
+    if value is None or isinstance(value, bool) or isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "nan"
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+        rounded = float(f"{value:.5g}")
+        return int(rounded) if rounded.is_integer() and abs(rounded) < 1e15 else rounded
+    if isinstance(value, (tuple, list)):
+        value = "x".join(str(v) for v in value) or "scalar"
+    text = str(value)
+    if text not in strings:
+        strings[text] = len(strings)
+    return [strings[text]]  # a one-element list marks an interned string
+
+
+def _data_json(result: Alignment) -> str:
+    strings: dict[str, int] = {}
+    rows = [[_compact(getattr(row, column), strings) for column in TABLE_COLUMNS] for row in result.rows]
+    first = result.first_divergence
+    data = {"columns": TABLE_COLUMNS, "strings": list(strings), "rows": rows,
+            "first": first.order if first is not None else None}
+    text = json.dumps(data, separators=(",", ":"), allow_nan=False)
+    for raw, escaped in (("&", "\\u0026"), ("<", "\\u003c"), (">", "\\u003e"), ("\u2028", "\\u2028"),
+                         ("\u2029", "\\u2029")):
+        text = text.replace(raw, escaped)
+    return text

@@ -1,0 +1,272 @@
+"""``tracediff.show.show_trace``: the call tree of one trace, as data.
+
+::
+
+    from tracediff.show import show_trace
+
+    view = show_trace("traces/port", path="layers.0.*", depth=2)
+    for node in view.nodes:
+        print("  " * node.depth, node.name, [t.shape for t in node.tensors])
+    if view.first_nonfinite:
+        print("NaN/Inf first appears in", view.first_nonfinite)
+
+Works on every trace :func:`tracediff.load_trace` reads: tracediff's own, and
+transformers' debugger's (with payloads, repr lines, or the SUMMARY file).
+Statistics come from what the trace recorded, never from payloads: numeric
+``stats`` in tracediff's traces, the ``mean``/``std``/``min``/``max`` strings
+in transformers' (so a repr-only trace has them too). A statistic that was
+not recorded is ``None``.
+
+Rendering (tree text, JSON, CSV) lives in :mod:`tracediff.render.tree`.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .errors import UsageError
+from .trace.load import Trace, load_trace
+from .trace.model import Node, ReprValue, TensorRecord
+
+FORMAT_VERSION = 1
+_VALUE_CHARS = 80
+
+
+@dataclass(frozen=True)
+class TensorView:
+    """One recorded tensor of a call: slot, shape, dtype and its recorded statistics."""
+
+    slot: str
+    order: int
+    shape: tuple[int, ...] | None
+    dtype: str | None
+    mean: float | None
+    std: float | None
+    min: float | None
+    max: float | None
+    nan: int | None
+    posinf: int | None
+    neginf: int | None
+    has_payload: bool
+
+    @property
+    def nonfinite(self) -> bool:
+        """True when the tensor holds NaN or an infinity.
+
+        Decided from the recorded counts when there are any, else from a
+        non-finite min or max (NaN propagates into both), else from a
+        non-finite mean. The mean alone is a last resort: transformers'
+        debugger computes it in the tensor's dtype, so it overflows to -inf
+        for an attention mask filled with the dtype's minimum.
+        """
+        counts = [c for c in (self.nan, self.posinf, self.neginf) if c is not None]
+        if counts:
+            return any(counts)
+        bounds = [v for v in (self.min, self.max) if v is not None]
+        if bounds:
+            return not all(math.isfinite(v) for v in bounds)
+        return self.mean is not None and not math.isfinite(self.mean)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "slot": self.slot, "order": self.order,
+            "shape": list(self.shape) if self.shape is not None else None, "dtype": self.dtype,
+            "mean": self.mean, "std": self.std, "min": self.min, "max": self.max,
+            "nan": self.nan, "posinf": self.posinf, "neginf": self.neginf,
+            "nonfinite": self.nonfinite, "has_payload": self.has_payload,
+        }
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """One module call. ``depth`` is its depth in the trace (the root is 0); ``context`` marks an
+    ancestor shown only to place the calls that matched ``path`` (its tensors and values are left out)."""
+
+    module_path: str
+    relative_path: str
+    name: str
+    call_index: int
+    module_type: str | None
+    depth: int
+    tensors: tuple[TensorView, ...]
+    values: tuple[tuple[str, str], ...]
+    error: str | None
+    context: bool = False
+
+    @property
+    def nonfinite(self) -> bool:
+        return any(t.nonfinite for t in self.tensors)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "module_path": self.module_path, "relative_path": self.relative_path, "name": self.name,
+            "call_index": self.call_index, "module_type": self.module_type, "depth": self.depth,
+            "context": self.context, "error": self.error, "nonfinite": self.nonfinite,
+            "values": {slot: text for slot, text in self.values},
+            "tensors": [t.to_dict() for t in self.tensors],
+        }
+
+
+@dataclass(frozen=True)
+class TraceView:
+    """What ``show_trace`` returns: the (filtered) call tree of one trace, parents before children."""
+
+    trace: str
+    json_file: str
+    model_name: str
+    producer: str
+    summary_only: bool
+    complete: bool | None
+    total_calls: int
+    nodes: tuple[NodeView, ...]
+    path: str | None = None
+    depth: int | None = None
+
+    @property
+    def tensors(self) -> list[tuple[NodeView, TensorView]]:
+        """Every shown tensor with its call, in execution order."""
+        pairs = [(node, t) for node in self.nodes for t in node.tensors]
+        return sorted(pairs, key=lambda pair: pair[1].order)
+
+    @property
+    def nonfinite(self) -> list[tuple[NodeView, TensorView]]:
+        """The shown tensors holding NaN or Inf, in execution order."""
+        return [(node, t) for node, t in self.tensors if t.nonfinite]
+
+    @property
+    def first_nonfinite(self) -> str | None:
+        """``"module_path (call N) slot"`` of the first tensor holding NaN/Inf, or None."""
+        found = self.nonfinite
+        if not found:
+            return None
+        node, tensor = found[0]
+        call = f" (call {node.call_index})" if node.call_index else ""
+        return f"{node.module_path}{call} {tensor.slot}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form (``format_version`` 1); NaN/Inf statistics are left as floats."""
+        return {
+            "format_version": FORMAT_VERSION, "trace": self.trace, "json_file": self.json_file,
+            "model_name": self.model_name, "producer": self.producer, "summary_only": self.summary_only,
+            "complete": self.complete, "total_calls": self.total_calls, "path": self.path, "depth": self.depth,
+            "first_nonfinite": self.first_nonfinite, "nodes": [n.to_dict() for n in self.nodes],
+        }
+
+
+def show_trace(path_or_trace: str | Path | Trace, *, path: str | None = None, depth: int | None = None) -> TraceView:
+    """The call tree of one trace, with shapes, dtypes and recorded statistics.
+
+    Args:
+        path_or_trace: a trace folder, its JSON file, or a loaded ``Trace``.
+        path: a glob (``fnmatch``: ``*`` also crosses dots) on module paths,
+            tried against the path relative to the root (``layers.0.mlp``) and
+            the full path (``LlamaModel.layers.0.mlp``). Matching calls are
+            shown with everything below them; their ancestors are kept as
+            ``context`` nodes without tensors. Default: every call.
+        depth: how many levels below the top to show: below the root, or
+            below each matching call when ``path`` is given. ``0`` shows the
+            top only. Default: no limit.
+
+    Raises:
+        TraceFormatError: the trace cannot be read.
+        UsageError: ``depth`` is negative, or ``path`` matches no call (the
+            message lists a few paths to try).
+    """
+    if depth is not None and depth < 0:
+        raise UsageError(f"depth={depth}: expected 0 or more levels")
+    trace = path_or_trace if isinstance(path_or_trace, Trace) else load_trace(path_or_trace)
+    every = trace.nodes()
+    if path is None:
+        shown = [_view(node, context=False) for node in every if depth is None or node.depth <= depth]
+    else:
+        shown = _filtered(trace, every, path, depth)
+    complete = trace.metadata.get("complete") if trace.producer == "tracediff" else None
+    return TraceView(
+        trace=str(trace.directory), json_file=str(trace.json_path), model_name=trace.model_name,
+        producer=trace.producer, summary_only=trace.summary_only,
+        complete=complete if isinstance(complete, bool) else None, total_calls=len(every),
+        nodes=tuple(shown), path=path, depth=depth,
+    )
+
+
+def _matches(node: Node, pattern: str) -> bool:
+    return fnmatch.fnmatchcase(node.relative_path, pattern) or fnmatch.fnmatchcase(node.module_path, pattern)
+
+
+def _filtered(trace: Trace, every: list[Node], pattern: str, depth: int | None) -> list[NodeView]:
+    matched = {id(node) for node in every if _matches(node, pattern)}
+    if not matched:
+        sample = ", ".join(n.relative_path for n in every[1:6])
+        raise UsageError(f"{trace.json_path}: no module path matches {pattern!r}; paths look like: "
+                         f"{sample or '(only the root)'} (globs: 'layers.0.*', '*.mlp')")
+    # Each shown call hangs from its shallowest matching ancestor (its anchor); ``every`` lists parents first.
+    anchor_of: dict[int, Node] = {}
+    for node in every:
+        above = anchor_of.get(id(node.parent)) if node.parent is not None else None
+        if above is not None:
+            anchor_of[id(node)] = above
+        elif id(node) in matched:
+            anchor_of[id(node)] = node
+    context: set[int] = set()
+    for node in every:
+        if anchor_of.get(id(node)) is node:
+            parent = node.parent
+            while parent is not None:
+                context.add(id(parent))
+                parent = parent.parent
+    shown: list[NodeView] = []
+    for node in every:
+        anchor = anchor_of.get(id(node))
+        if anchor is not None:
+            if depth is None or node.depth - anchor.depth <= depth:
+                shown.append(_view(node, context=False))
+        elif id(node) in context:
+            shown.append(_view(node, context=True))
+    return shown
+
+
+def _view(node: Node, *, context: bool) -> NodeView:
+    parent = node.parent
+    if parent is None:
+        name = node.module_path
+    elif node.module_path.startswith(parent.module_path + "."):
+        name = node.module_path[len(parent.module_path) + 1:]
+    else:
+        name = node.module_path
+    error = None
+    if node.error:
+        error = f"{node.error.get('type', 'error')}: {node.error.get('message', '')}".rstrip(": ")
+    return NodeView(
+        module_path=node.module_path, relative_path=node.relative_path, name=name, call_index=node.call_index,
+        module_type=node.module_type, depth=node.depth,
+        tensors=() if context else tuple(_tensor_view(record) for record in node.tensors),
+        values=() if context else tuple((slot, _value_text(value)) for slot, value in node.values.items()),
+        error=error, context=context,
+    )
+
+
+def _tensor_view(record: TensorRecord) -> TensorView:
+    stats = record.stats
+
+    def number(key: str) -> float | None:
+        value = stats.get(key)
+        return float(value) if isinstance(value, (int, float)) else None
+
+    def count(key: str) -> int | None:
+        value = stats.get(key)
+        return int(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
+
+    return TensorView(
+        slot=record.slot, order=record.order, shape=record.shape, dtype=record.dtype,
+        mean=number("mean"), std=number("std"), min=number("min"), max=number("max"),
+        nan=count("nan"), posinf=count("posinf"), neginf=count("neginf"), has_payload=record.has_payload,
+    )
+
+
+def _value_text(value: Any) -> str:
+    text = str(value) if isinstance(value, ReprValue) else repr(value)
+    return text if len(text) <= _VALUE_CHARS else text[: _VALUE_CHARS - 3] + "..."
