@@ -229,6 +229,9 @@ def _status_kib(field: str) -> int | None:
 
 def measure_memory_here(name: str, layers: int, seq_len: int, root: Path) -> dict[str, Any]:
     """Run in a fresh subprocess: RSS before the measured run and its peak, in MiB."""
+    import tracediff  # noqa: F401 - every configuration starts with the same modules loaded
+    import transformers  # noqa: F401
+
     model, input_ids = build_model(layers, seq_len)
     run_once(name, model, input_ids, root)
     gc.collect()
@@ -279,10 +282,11 @@ def render(results: dict[str, dict[str, Any]], memory: dict[str, dict[str, Any]]
         label = result.get("label") or CONFIGS[name][0]
         rows.append([name, label, f"{result['median']:.3f}", f"{result['median'] / plain:.2f}x",
                      f"{result['bytes'] / 1e6:.1f}", result["files"],
-                     f"{mem['peak_rss_mib']:.0f}" if mem else "", f"{mem['rss_before_mib']:.0f}" if mem else ""])
+                     f"{mem['peak_rss_mib']:.0f}" if mem else "",
+                     f"+{mem['peak_rss_mib'] - mem['rss_before_mib']:.0f}" if mem else ""])
     lines = [" ".join(f"{k}={v}" for k, v in facts.items()), "",
              tabulate(rows, headers=["config", "what", "median s", "vs plain", "MB written", "files",
-                                     "peak RSS MiB", "RSS before MiB"], disable_numparse=True)]
+                                     "peak RSS MiB", "peak - RSS before run"], disable_numparse=True)]
     full, summary = results.get("full"), results.get("summary")
     if full:
         line = f"full capture: {full['median'] / plain:.2f}x plain (target <= {TARGET_FULL}x)"

@@ -117,7 +117,7 @@ def write_json(path: str | os.PathLike[str], obj: Any, *, indent: int | None = 2
     """
     path = Path(path)
     text = json_text(obj, indent=indent).encode("utf-8")
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = _temp_beside(path)
     try:
         try:
             _write_all(fd, [text])
@@ -245,13 +245,21 @@ class _IndentedJson:
 def write_text(path: str | os.PathLike[str], text: str) -> None:
     """Write ``text`` to ``path`` through a temporary file and a rename."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
+    fd, tmp = _temp_beside(path)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
         os.replace(tmp, path)
     except OSError as e:
         _discard(tmp)
+        raise OutputDirError(f"{path}: could not write: {e.strerror or e}") from e
+
+
+def _temp_beside(path: Path) -> tuple[int, str]:
+    """A temporary file in ``path``'s folder, to be renamed onto ``path`` (OutputDirError if it cannot be made)."""
+    try:
+        return tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as e:
         raise OutputDirError(f"{path}: could not write: {e.strerror or e}") from e
 
 

@@ -84,7 +84,8 @@ class TensorView:
 @dataclass(frozen=True)
 class NodeView:
     """One module call. ``depth`` is its depth in the trace (the root is 0); ``context`` marks an
-    ancestor shown only to place the calls that matched ``path`` (its tensors and values are left out)."""
+    ancestor shown only to place the calls that matched ``path`` (its tensors and values are left out).
+    Backward entries (``phase="backward"``, gradients of a call) come after the forward tree, flat, at depth 0."""
 
     module_path: str
     relative_path: str
@@ -96,6 +97,7 @@ class NodeView:
     values: tuple[tuple[str, str], ...]
     error: str | None
     context: bool = False
+    phase: str = "forward"
 
     @property
     def nonfinite(self) -> bool:
@@ -105,7 +107,7 @@ class NodeView:
         return {
             "module_path": self.module_path, "relative_path": self.relative_path, "name": self.name,
             "call_index": self.call_index, "module_type": self.module_type, "depth": self.depth,
-            "context": self.context, "error": self.error, "nonfinite": self.nonfinite,
+            "phase": self.phase, "context": self.context, "error": self.error, "nonfinite": self.nonfinite,
             "values": {slot: text for slot, text in self.values},
             "tensors": [t.to_dict() for t in self.tensors],
         }
@@ -181,7 +183,7 @@ def show_trace(path_or_trace: str | Path | Trace, *, path: str | None = None, de
     trace = path_or_trace if isinstance(path_or_trace, Trace) else load_trace(path_or_trace)
     every = trace.nodes()
     if path is None:
-        shown = [_view(node, context=False) for node in every if depth is None or node.depth <= depth]
+        shown = [_view(node, context=False) for node in every if depth is None or _tree_depth(node) <= depth]
     else:
         shown = _filtered(trace, every, path, depth)
     complete = trace.metadata.get("complete") if trace.producer == "tracediff" else None
@@ -191,6 +193,13 @@ def show_trace(path_or_trace: str | Path | Trace, *, path: str | None = None, de
         complete=complete if isinstance(complete, bool) else None, total_calls=len(every),
         nodes=tuple(shown), path=path, depth=depth,
     )
+
+
+def _tree_depth(node: Node) -> int:
+    """A backward entry is stored flat (depth 0); count the depth of the module it belongs to."""
+    if getattr(node, "phase", "forward") == "forward":
+        return node.depth
+    return node.relative_path.count(".") + 1 if node.relative_path else 0
 
 
 def _matches(node: Node, pattern: str) -> bool:
@@ -231,6 +240,7 @@ def _filtered(trace: Trace, every: list[Node], pattern: str, depth: int | None) 
 
 def _view(node: Node, *, context: bool) -> NodeView:
     parent = node.parent
+    phase = getattr(node, "phase", "forward")
     if parent is None:
         name = node.module_path
     elif node.module_path.startswith(parent.module_path + "."):
@@ -245,7 +255,7 @@ def _view(node: Node, *, context: bool) -> NodeView:
         module_type=node.module_type, depth=node.depth,
         tensors=() if context else tuple(_tensor_view(record) for record in node.tensors),
         values=() if context else tuple((slot, _value_text(value)) for slot, value in node.values.items()),
-        error=error, context=context,
+        error=error, context=context, phase=phase,
     )
 
 

@@ -29,7 +29,7 @@ def toy_input(rows: int = 3) -> torch.Tensor:
     return torch.randn(rows, 4, generator=torch.Generator().manual_seed(5))
 
 
-# --- tiny transformers models ---------------------------------------------------------------------
+# --- tiny transformers models -------------------------------------------------------------------------------
 
 
 def llama(*, layers: int = 2, seed: int = 0) -> nn.Module:
@@ -60,7 +60,7 @@ def bert(*, layers: int = 2, seed: int = 0) -> nn.Module:
     return BertModel(config).eval()
 
 
-# --- plain PyTorch models -------------------------------------------------------------------------
+# --- plain PyTorch models -----------------------------------------------------------------------------------
 
 
 class Block(nn.Module):
@@ -158,7 +158,7 @@ class NaNReLU(nn.ReLU):
         return out
 
 
-class WithExtraNorm(RefModel):
+class WithExtra(RefModel):
     """RefModel with one more module, ``extra``, applied before the head."""
 
     def __init__(self) -> None:
@@ -200,6 +200,30 @@ class SharedThrice(nn.Module):
         for _ in range(3):
             x = torch.tanh(self.shared(x))
         return self.head(x)
+
+
+class Recursive(nn.Module):
+    """Applies ``step`` and then calls itself ``depth`` more times: one path, nested calls."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.step = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor, depth: int = 2) -> torch.Tensor:
+        x = torch.tanh(self.step(x))
+        return x if depth == 0 else self(x, depth - 1)
+
+
+class Nested(nn.Module):
+    """``inner`` is a ``Recursive`` (``Nested.inner`` is called three times, each call inside the previous)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.inner = Recursive()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.inner(x)
 
 
 class Options(nn.Module):
@@ -252,7 +276,7 @@ class CallStyles(nn.Module):
         return y + second
 
 
-# --- capture ---------------------------------------------------------------------------------------
+# --- capture ------------------------------------------------------------------------------------------------
 
 
 def call(model: nn.Module, inputs: Any, **kwargs: Any) -> Any:
@@ -315,7 +339,7 @@ def _wider() -> nn.Module:
 
 def _with_extra() -> nn.Module:
     ref = ref_model()
-    model = WithExtraNorm().eval()
+    model = WithExtra().eval()
     model.load_state_dict(ref.state_dict())
     return model
 
@@ -377,6 +401,8 @@ RECIPES: dict[str, Recipe] = {
     "shared-hf": (SharedThrice, toy_input(), HF_FULL),
     "shared-hf-bug1": (lambda: SharedThrice(bug_on_call=1), toy_input(), HF_FULL),
     "shared-hf-bug2": (lambda: SharedThrice(bug_on_call=2), toy_input(), HF_FULL),
+    "nested": (Nested, toy_input(), {}),
+    "nested-hf": (Nested, toy_input(), HF_FULL),
     "styles": (CallStyles, toy_input(), {}),
     "styles-keyword": (lambda: CallStyles(keyword=True), toy_input(), {}),
     "styles-extra-output": (lambda: CallStyles(extra=True), toy_input(), {}),
@@ -412,7 +438,7 @@ def trace_store(factory: Any) -> TraceStore:
     return _STORE
 
 
-# --- editing traces --------------------------------------------------------------------------------
+# --- editing traces -----------------------------------------------------------------------------------------
 
 
 def copy_trace(src: Path, dst: Path) -> Path:

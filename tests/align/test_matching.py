@@ -77,7 +77,8 @@ def test_pairs_by_slot(traces: TraceStore) -> None:
 def test_positional_and_keyword_inputs_pair(traces: TraceStore) -> None:
     x, y = _pair(traces, "styles", "styles-keyword", "scale")
     pairs, only_a, only_b = pair_tensors(x, y)
-    assert [(ra.slot, rb.slot) for ra, rb in pairs] == [("outputs", "outputs"), ("inputs.args.0", "inputs.kwargs.input")]
+    assert [(ra.slot, rb.slot) for ra, rb in pairs] == [("outputs", "outputs"),
+                                                        ("inputs.args.0", "inputs.kwargs.input")]
     assert only_a == [] and only_b == []
     result = align(traces("styles"), traces("styles-keyword"))
     assert result.passed and result.unmatched_a == () and result.unmatched_b == ()
@@ -99,7 +100,7 @@ def test_parent_outputs_missing_on_one_side_are_not_unmatched(traces: TraceStore
     assert [ra.slot for ra, _ in pairs] == ["inputs.args.0"] and only_a == [] and only_b == []
 
 
-# --- rename files ----------------------------------------------------------------------------------------
+# --- rename files -------------------------------------------------------------------------------------------
 
 
 def test_load_rename_file(tmp_path: Path) -> None:

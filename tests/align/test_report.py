@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 
 import pytest
+import torch
+from torch import nn
 
 import tracediff
 from tests.align.helpers import TraceStore
@@ -112,3 +114,28 @@ def test_assert_traces_close_on_renamed_paths_names_both(traces: TraceStore) -> 
 def test_call_index_is_named_in_descriptions(traces: TraceStore) -> None:
     with pytest.raises(AssertionError, match=r"SharedThrice\.shared \(call 1\) outputs: max_abs_err="):
         assert_traces_close(traces("shared"), traces("shared-bug1"))
+
+
+class _GlueBug(nn.Module):
+    """Two layers, with the parent's own code scaling the activations between them."""
+
+    def __init__(self, scale: float) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.layers = nn.ModuleList([nn.Linear(4, 4), nn.Linear(4, 4)])
+        self.scale = scale
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layers[1](self.layers[0](x) * self.scale)
+
+
+def test_an_error_made_between_module_calls_is_attributed_to_the_parent(tmp_path) -> None:
+    x = torch.randn(3, 4)
+    for name, scale in (("a", 1.0), ("b", 1.01)):
+        model = _GlueBug(scale)
+        with tracediff.capture(model, tmp_path / name):
+            model(x)
+    first = align(tmp_path / "a", tmp_path / "b").first_divergence
+    assert first is not None
+    assert (first.module_path_b, first.tensor, first.origin) == ("_GlueBug.layers.1", "inputs.args.0",
+                                                                 "between modules")

@@ -195,7 +195,8 @@ class Browser:
     def screenshot(self, path: Path, *, full_page: bool = True) -> None:
         params: dict[str, Any] = {"format": "png"}
         if full_page:
-            width, height = self.evaluate("[document.documentElement.scrollWidth, document.documentElement.scrollHeight]")
+            width, height = self.evaluate(
+                "[document.documentElement.scrollWidth, document.documentElement.scrollHeight]")
             params.update(captureBeyondViewport=True, clip={"x": 0, "y": 0, "width": width, "height": height,
                                                           "scale": 1})
         data = self.call("Page.captureScreenshot", **params)["data"]

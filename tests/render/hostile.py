@@ -36,6 +36,7 @@ def scaled(result: Alignment, copies: int) -> Alignment:
     rows = []
     for k in range(copies):
         for row in result.rows:
-            rows.append(replace(row, order=len(rows), module_path_b=row.module_path_b.replace(".layers.", f".layers.{k}_"),
+            rows.append(replace(row, order=len(rows),
+                                module_path_b=row.module_path_b.replace(".layers.", f".layers.{k}_"),
                                 module_path_a=row.module_path_a.replace(".blocks.", f".blocks.{k}_")))
     return replace(result, rows=tuple(rows))

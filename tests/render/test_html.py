@@ -105,3 +105,24 @@ def test_cli_align_writes_the_report(demo_run: DemoResult, tmp_path: Path, capsy
     page = target.read_text(encoding="utf-8")
     assert _embedded(page)["first"] == demo_run.alignment.first_divergence.order
     assert capsys.readouterr().out == ""
+
+
+def test_core_imports_no_renderer_and_no_matplotlib() -> None:
+    """Module-level imports of the alignment core, ``show`` and the demo: no HTML/plot renderer, CLI or matplotlib."""
+    import ast
+
+    package = Path(__file__).resolve().parents[2] / "tracediff"
+    files = [*sorted((package / "align").glob("*.py")), package / "show.py", *sorted((package / "demo").glob("*.py"))]
+    offending = []
+    for file in files:
+        for node in ast.parse(file.read_text(encoding="utf-8")).body:  # top level only: lazy imports are fine
+            names = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [f"{'.' * node.level}{node.module or ''}"] + \
+                    [f"{'.' * node.level}{node.module or ''}.{alias.name}" for alias in node.names]
+            offending += [f"{file.name}: {n}" for n in names
+                          if n.startswith("matplotlib") or any(part in n for part in ("render.html", "render.plot",
+                                                                                      "cli"))]
+    assert len(files) > 8 and offending == []

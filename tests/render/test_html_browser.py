@@ -94,8 +94,9 @@ def test_demo_report_renders_verdict_plot_tree_and_table(browser: Browser, demo_
     assert _shown_orders(browser) == [row.order for row in demo_run.alignment.rows]
     assert browser.evaluate("+document.querySelector('#rows tr.first-row').dataset.order") == first.order
     # The tree: the first divergence is visible, every <details> above it open.
-    assert browser.evaluate("""(() => { let e = document.querySelector('.tree .first-tag'); const closed = [];
-        while ((e = e.parentElement.closest('details'))) if (!e.open) closed.push(e); return closed.length; })()""") == 0
+    closed_above = browser.evaluate("""(() => { let e = document.querySelector('.tree .first-tag'); let n = 0;
+        while ((e = e.parentElement.closest('details'))) if (!e.open) n += 1; return n; })()""")
+    assert closed_above == 0
     assert browser.evaluate("document.querySelector('.tree .first-tag').getBoundingClientRect().height") > 0
     assert browser.exceptions == []
     ARTIFACTS.mkdir(exist_ok=True)

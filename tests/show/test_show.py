@@ -247,3 +247,22 @@ def test_committed_fixture_traces(folder: Path) -> None:
     text = render_tree(view)
     assert text.count("\n") >= len(view.nodes)
     json.loads(render_json(view))
+
+
+def test_backward_entries_follow_the_forward_tree(tmp_path: Path) -> None:
+    from tests.models import Chain
+
+    model, x = seeded(Chain), toy_input().requires_grad_()
+    with tracediff.capture(model, tmp_path, backward=True):
+        model(x).sum().backward()
+    view = show_trace(tmp_path)
+    assert [(n.phase, n.relative_path) for n in view.nodes] == [
+        ("forward", ""), ("forward", "a"), ("forward", "b"), ("backward", ""), ("backward", "b"), ("backward", "a")]
+    grad_a = next(n for n in view.nodes if n.phase == "backward" and n.relative_path == "a")
+    assert [t.slot for t in grad_a.tensors] == ["grad_outputs.0", "grad_inputs.0"]
+    text = render_tree(view)
+    assert text.index("backward pass (gradients, in the order they arrived):") > text.index("  b  [Linear]")
+    assert "  grad in 0" in text
+    assert [n.relative_path for n in show_trace(tmp_path, depth=0).nodes] == ["", ""]
+    rows = list(csv.DictReader(io.StringIO(render_csv(view))))
+    assert {r["phase"] for r in rows} == {"forward", "backward"}

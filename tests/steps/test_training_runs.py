@@ -74,7 +74,9 @@ def test_perturbed_batch_is_found_in_the_batch_group(reference: Path, tmp_path: 
     assert rows["mean"].diff == pytest.approx(1 / 16)  # one token id moved up by one among 16
 
 
-def test_one_ulp_in_a_weight_passes_with_a_tolerance_and_fails_without(reference: Path, tmp_path: Path) -> None:
+def test_one_ulp_in_a_weight_passes_with_the_suggested_tolerance_and_fails_without(
+    reference: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     model = tiny_llama()
     with torch.no_grad():
         w = model.model.layers[0].mlp.up_proj.weight
@@ -84,11 +86,14 @@ def test_one_ulp_in_a_weight_passes_with_a_tolerance_and_fails_without(reference
     d = exact.first_divergence
     assert d is not None and (d.step, d.group, d.name) == (0, "params", "model.layers.0.mlp.up_proj.weight")
     assert exact.needed_atol is not None and 0 < exact.needed_atol < 1e-4
-    loose = steps.compare_steps(reference, tmp_path / "ulp", atol=exact.needed_atol)
-    assert loose.passed
-    assert "within_tolerance" in set(loose.steps["status"])
-    assert main(["steps", str(reference), str(tmp_path / "ulp"), "--atol", repr(exact.needed_atol)]) == 0
     assert main(["steps", str(reference), str(tmp_path / "ulp")]) == 1
+    hint = capsys.readouterr().out.splitlines()[-1]
+    assert hint.startswith("every difference would pass with --atol ")
+    suggested = hint.rsplit(" ", 1)[1]
+    assert main(["steps", str(reference), str(tmp_path / "ulp"), "--atol", suggested]) == 0
+    loose = steps.compare_steps(reference, tmp_path / "ulp", atol=float(suggested))
+    assert loose.passed and "within_tolerance" in set(loose.steps["status"])
+    assert not steps.compare_steps(reference, tmp_path / "ulp", atol=exact.needed_atol / 2).passed
 
 
 def test_record_layout_and_contents(reference: Path) -> None:

@@ -11,7 +11,16 @@ import safetensors
 import torch
 
 import tracediff
-from tests.align.helpers import TraceStore, copy_trace, edit_json, json_node, trace_json_path
+from tests.align.helpers import (
+    INPUT_IDS,
+    TraceStore,
+    copy_trace,
+    edit_json,
+    json_node,
+    ref_model,
+    toy_input,
+    trace_json_path,
+)
 from tracediff import TraceFormatError, UnsafePathError, load_trace
 from tracediff.trace.load import parse_scalar, parse_shape
 from tracediff.trace.model import ReprValue
@@ -26,7 +35,7 @@ def _slots(records: list[tracediff.TensorRecord]) -> list[str]:
     return [r.slot for r in records]
 
 
-# --- which file --------------------------------------------------------------------------------------
+# --- which file ---------------------------------------------------------------------------------------------
 
 
 def test_folder_with_both_files_reads_full_tensors(traces: TraceStore) -> None:
@@ -65,7 +74,7 @@ def test_folder_with_two_traces_is_refused(traces: TraceStore, tmp_path: Path) -
                             "Other_debug_tree_FULL_TENSORS.json); pass the JSON file to use")
 
 
-# --- what a trace holds --------------------------------------------------------------------------------
+# --- what a trace holds -------------------------------------------------------------------------------------
 
 
 def test_transformers_trace_with_payloads(traces: TraceStore) -> None:
@@ -92,13 +101,7 @@ def test_transformers_trace_with_payloads(traces: TraceStore) -> None:
     assert out.stats["max"] == pytest.approx(float(tensor.max()), rel=1e-4)
     ids = root.tensors[0]
     assert ids.dtype == "torch.int64" and ids.stats == {}  # transformers records no statistics for integers
-    assert torch.equal(trace.load(ids), json_ids(traces))
-
-
-def json_ids(traces: TraceStore) -> torch.Tensor:
-    from tests.align.helpers import INPUT_IDS
-
-    return INPUT_IDS
+    assert torch.equal(trace.load(ids), INPUT_IDS)
 
 
 def test_transformers_trace_with_repr(traces: TraceStore) -> None:
@@ -160,7 +163,7 @@ def test_payloads_are_opened_only_on_demand(traces: TraceStore, monkeypatch: pyt
     assert opened == [Path(record.payload).name]
 
 
-# --- execution order ---------------------------------------------------------------------------------------
+# --- execution order ----------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("name", ["llama", "llama-hf", "shared"])
@@ -203,6 +206,20 @@ def test_standard_trace_repeated_calls_use_statistics_for_overwritten_payloads(t
         [n for n in load_trace(traces("shared")).nodes() if n.relative_path == "shared"][2].outputs()[0]))
 
 
+def test_standard_trace_nested_calls_keep_the_last_writer(traces: TraceStore) -> None:
+    """A module calling itself: the innermost call wrote its inputs last, so only it keeps a payload."""
+    standard, native = load_trace(traces("nested-hf")), load_trace(traces("nested"))
+    fresh = {(n.relative_path, n.call_index, r.slot) for n, r in standard.records() if r.has_payload}
+    assert fresh == {("", 0, "inputs.args.0"), ("inner", 2, "inputs.args.0"), ("inner.step", 2, "inputs.args.0"),
+                     ("inner.step", 2, "outputs")}
+    for path, call, slot in fresh:
+        ours = next(r for n, r in standard.records() if (n.relative_path, n.call_index, r.slot) == (path, call, slot))
+        theirs = next(r for n, r in native.records() if (n.relative_path, n.call_index, r.slot) == (path, call, slot))
+        assert torch.equal(standard.load(ours), native.load(theirs))
+    result = tracediff.align(traces("nested-hf"), traces("nested"))
+    assert result.passed and sum(row.approximate for row in result.rows) == 6
+
+
 def test_tracediff_trace_shares_payloads_without_marking_them_stale(traces: TraceStore) -> None:
     trace = load_trace(traces("shared"))
     by_payload: dict[str, int] = {}
@@ -212,7 +229,7 @@ def test_tracediff_trace_shares_payloads_without_marking_them_stale(traces: Trac
     assert max(by_payload.values()) > 1  # an output reused as the next call's input points to one file
 
 
-# --- paths from the JSON ---------------------------------------------------------------------------------
+# --- paths from the JSON ------------------------------------------------------------------------------------
 
 
 def _point_head_output_at(folder: Path, value: str) -> None:
@@ -270,7 +287,7 @@ def _never_open(*args: object, **kwargs: object) -> None:
     raise AssertionError(f"a refused path was opened: {args}")
 
 
-# --- bad input ------------------------------------------------------------------------------------------
+# --- bad input ----------------------------------------------------------------------------------------------
 
 
 def test_bad_traces_raise_one_line_errors(traces: TraceStore, tmp_path: Path) -> None:
@@ -305,7 +322,7 @@ def test_per_rank_folders_are_suggested(traces: TraceStore, tmp_path: Path) -> N
     assert load_trace(tmp_path / "dist" / "rank1").model_name == "RefModel"
 
 
-# --- parsing transformers' strings ---------------------------------------------------------------------------
+# --- parsing transformers' strings --------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("text, shape", [
@@ -344,8 +361,6 @@ def test_root_class_name_is_not_part_of_the_key(traces: TraceStore) -> None:
 
 
 def test_subsequent_top_level_calls_are_later_roots(traces: TraceStore, tmp_path: Path) -> None:
-    from tests.align.helpers import ref_model, toy_input
-
     model = ref_model()
     with tracediff.capture(model, tmp_path / "twice"):
         model(toy_input())

@@ -145,6 +145,7 @@ def _with_origins(rows: list[TensorComparison]) -> list[TensorComparison]:
         if side == "in":
             incoming[(row.module_path_b, row.call_index_b, phase)].append(row)
     out = []
+    earlier_divergence = False
     for row in rows:
         phase, side = _role(row.tensor)
         ins = incoming.get((row.module_path_b, row.call_index_b, phase), [])
@@ -158,11 +159,13 @@ def _with_origins(rows: list[TensorComparison]) -> list[TensorComparison]:
                 amplification = math.inf
         origin = None
         if row.diverged:
-            if side == "in":
-                is_root = "." not in row.module_path_b
-                origin = "model inputs" if is_root and phase == "forward" else "inherited"
-            else:
+            if side == "out":
                 origin = "inherited" if any(r.diverged for r in ins) else "introduced"
+            elif "." not in row.module_path_b and phase == "forward":
+                origin = "model inputs"
+            else:  # nothing recorded before it diverged: the caller's own code between module calls did it
+                origin = "inherited" if earlier_divergence else "between modules"
+            earlier_divergence = True
         out.append(replace(row, input_err=input_err, amplification=amplification, origin=origin))
     return out
 

@@ -44,6 +44,20 @@ from dataclasses import asdict, dataclass
 import torch
 
 CHUNK = 1 << 20
+# float32 rounds |a - b| and atol + rtol |a| by well under one part in a million: elements that close to a
+# decision are settled again in float64.
+_SLACK = 1e-6
+_SQUARES_OK = 1e-30
+
+
+def _smallest_rtol(a: torch.Tensor, b: torch.Tensor) -> float:
+    """The smallest r with ``|a - b| <= r |a|`` for every element in float64 arithmetic (``a != 0``)."""
+    keep = a != 0
+    d, absa = (a[keep] - b[keep]).abs(), a[keep].abs()
+    r = float((d / absa).max())
+    while bool((d > r * absa).any()):  # the quotient rounded down: step up one ulp at a time
+        r = math.nextafter(r, math.inf)
+    return r
 
 
 @dataclass(frozen=True)
@@ -155,9 +169,14 @@ class _Accumulator:
 
     def _add_finite(self, a: torch.Tensor, b: torch.Tensor, absdiff: torch.Tensor, worst: float) -> None:
         self.finite += a.numel()
-        self.max_abs = max(self.max_abs, worst)
         sums = torch.stack([absdiff.sum(), torch.dot(absdiff, absdiff), torch.dot(a, b), torch.dot(a, a),
                             torch.dot(b, b)]).tolist()
+        if a.dtype != torch.float64 and not all(_SQUARES_OK <= abs(x) < 1e30 for x in sums[1:]):
+            # float32 squares under- or overflow outside roughly 1e-19..1e19 (a zero may be an underflow):
+            # sum them in float64.
+            sums = [sums[0]] + torch.stack([torch.dot(absdiff.double(), absdiff.double()),
+                                            torch.dot(a.double(), b.double()), torch.dot(a.double(), a.double()),
+                                            torch.dot(b.double(), b.double())]).tolist()
         self.sum_abs += sums[0]
         self.sum_sq += sums[1]
         self.dot += sums[2]
@@ -165,9 +184,14 @@ class _Accumulator:
         self.norm_b += sums[4]
         if worst == 0:
             return
+        exact = a.dtype == torch.float64
+        if not exact:  # the float32 maximum is within one rounding of the exact one; settle it in float64
+            near = torch.nonzero(absdiff >= worst * (1 - _SLACK)).squeeze(1)
+            worst = float((a[near].double() - b[near].double()).abs().max())
+        self.max_abs = max(self.max_abs, worst)
         absa = a.abs()
         if worst > self.atol:  # otherwise every element passes
-            self.mismatched += int(torch.gt(absdiff, absa * self.rtol + self.atol).sum())
+            self.mismatched += self._count_mismatches(a, b, absa, absdiff, exact)
         if self.max_rel == math.inf:
             return
         if float(absa.min()) == 0:
@@ -176,7 +200,27 @@ class _Accumulator:
                 self.max_rel = math.inf
                 return
             absa.masked_fill_(zero, 1.0)
-        self.max_rel = max(self.max_rel, float(absdiff.div_(absa).max()))
+        rel = absdiff.div_(absa)
+        top = float(rel.max())
+        if top == 0:
+            return
+        near = torch.nonzero(rel >= top * (1 - _SLACK)).squeeze(1)
+        self.max_rel = max(self.max_rel, _smallest_rtol(a[near].double(), b[near].double()))
+
+    def _count_mismatches(self, a: torch.Tensor, b: torch.Tensor, absa: torch.Tensor, absdiff: torch.Tensor,
+                          exact: bool) -> int:
+        """Elements failing ``|a - b| <= atol + rtol |a|``, decided in float64 arithmetic."""
+        threshold = absa * self.rtol + self.atol
+        if exact:
+            return int(torch.gt(absdiff, threshold).sum())
+        # float32 decides every element clear of the threshold; the few within rounding are redone in float64.
+        clear_fail = int(torch.gt(absdiff, threshold * (1 + _SLACK)).sum())
+        close = torch.nonzero((absdiff > threshold * (1 - _SLACK)) & (absdiff <= threshold * (1 + _SLACK)))
+        if not close.numel():
+            return clear_fail
+        idx = close.squeeze(1)
+        a64, b64 = a[idx].double(), b[idx].double()
+        return clear_fail + int(((a64 - b64).abs() > self.atol + self.rtol * a64.abs()).sum())
 
     def result(self, n: int) -> PairMetrics:
         f = self.finite
@@ -256,7 +300,8 @@ def mismatch_fraction(a: torch.Tensor, b: torch.Tensor, *, atol: float, rtol: fl
     a, b = a.reshape(-1).double(), b.reshape(-1).double()
     if not a.numel():
         return 0.0
-    ok = (a - b).abs() <= atol + rtol * a.abs()
+    finite = torch.isfinite(a) & torch.isfinite(b)
+    ok = finite & ((a - b).abs() <= atol + rtol * a.abs())
     ok |= (torch.isnan(a) & torch.isnan(b)) | (torch.isinf(a) & (a == b))
     return float((~ok).sum()) / a.numel()
 

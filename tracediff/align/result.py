@@ -24,7 +24,10 @@ amplification          max_abs_err / input_err for output rows (inf when the
 origin                 for rows out of tolerance: ``introduced`` (what
                        flowed into the call was within tolerance),
                        ``inherited`` (it was not), ``model inputs`` (the
-                       root's inputs). In backward rows what flows in is
+                       root's inputs), ``between modules`` (an input
+                       diverged while every earlier tensor matched: the
+                       parent's own code between its children's calls
+                       changed it). In backward rows what flows in is
                        ``grad_outputs`` and what flows out ``grad_inputs``
 =====================  ========================================================
 """

@@ -23,6 +23,8 @@ measured twice: its entry points to the first payload.
 from __future__ import annotations
 
 import dataclasses
+import os
+from concurrent.futures import ThreadPoolExecutor
 import re
 import weakref
 from pathlib import Path
@@ -74,6 +76,7 @@ class Encoder:
         self.dtypes: set[str] = set()
         self._seen: dict[int, tuple[weakref.ref[torch.Tensor], int, dict[str, Any]]] = {}
         self._stats_buffers = StatsBuffers()
+        self._pool = None
 
     def encode(self, value: Any, name: str) -> Any:
         if isinstance(value, torch.Tensor):
@@ -115,12 +118,33 @@ class Encoder:
         if self.tensors == "full":
             tensor = tensor.contiguous()  # one copy at most, shared by the payload and the statistics
             file_name = _UNSAFE_FILE_CHARS.sub("_", name) + ".safetensors"
-            self.payload_bytes += write_tensor_file(self.folder / file_name, tensor)
+            mode = os.environ.get("TD_MODE", "sync")
+            if mode == "sync":
+                self.payload_bytes += write_tensor_file(self.folder / file_name, tensor)
+                stats = tensor_stats(tensor, buffers=self._stats_buffers)
+            elif mode == "statsfirst":
+                stats = tensor_stats(tensor, buffers=self._stats_buffers)
+                self.payload_bytes += write_tensor_file(self.folder / file_name, tensor)
+            else:
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(1)
+                fut = self._pool.submit(write_tensor_file, self.folder / file_name, tensor)
+                if mode == "overlap1":
+                    n = torch.get_num_threads()
+                    torch.set_num_threads(1)
+                    try:
+                        stats = tensor_stats(tensor, buffers=self._stats_buffers)
+                    finally:
+                        torch.set_num_threads(n)
+                else:
+                    stats = tensor_stats(tensor, buffers=self._stats_buffers)
+                self.payload_bytes += fut.result()
             self.files += 1
             entry["value"] = f"./{file_name}"
-        elif self.tensors == "repr":
-            entry["value"] = _tensor_lines(tensor)
-        stats = tensor_stats(tensor, buffers=self._stats_buffers)
+        else:
+            if self.tensors == "repr":
+                entry["value"] = _tensor_lines(tensor)
+            stats = tensor_stats(tensor, buffers=self._stats_buffers)
         if dtype in FLOAT_DTYPES and stats.get("numel"):
             for key in ("mean", "std", "min", "max"):
                 entry[key] = format_scalar(stats.get(key), dtype)

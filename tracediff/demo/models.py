@@ -226,18 +226,20 @@ class PortedLM(nn.Module):
 
 def build_reference(*, seed: int = 0) -> ReferenceLM:
     """The reference with weights drawn from ``seed`` (norm weights perturbed so they matter), in eval mode."""
-    torch.manual_seed(seed)
-    model = ReferenceLM()
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith("norm.weight"):
-                param.add_(0.1 * torch.randn_like(param))
+    with torch.random.fork_rng(devices=[]):  # leave the caller's random state alone
+        torch.manual_seed(seed)
+        model = ReferenceLM()
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if name.endswith("norm.weight"):
+                    param.add_(0.1 * torch.randn_like(param))
     return model.eval()
 
 
 def port_from_reference(reference: ReferenceLM, *, plant_bug: bool = True) -> PortedLM:
     """A ``PortedLM`` holding ``reference``'s weights, each renamed through :data:`RENAME_RULES`."""
-    port = PortedLM(plant_bug=plant_bug)
+    with torch.random.fork_rng(devices=[]):  # its own initial weights are overwritten anyway
+        port = PortedLM(plant_bug=plant_bug)
     state = {}
     for name, tensor in reference.state_dict().items():
         module, _, leaf = name.rpartition(".")

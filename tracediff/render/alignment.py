@@ -89,6 +89,10 @@ def headline(result: Alignment) -> list[str]:
         if first.input_err is not None and first.amplification is not None:
             lines.append(f"  what flowed into this call had max_abs_err={first.input_err:.3g}; "
                          f"amplification={_fmt(first.amplification)}")
+        if first.origin == "between modules":
+            parent = first.module_path_b.rsplit(".", 1)[0]
+            lines.append(f"  every earlier tensor matched: the code of {parent} between its submodule calls "
+                         "changed this input")
         backward = result.first_backward_divergence
         if backward is not None and backward is not first:
             lines.append(f"FIRST GRADIENT DIVERGENCE ({backward.origin}): {backward.describe()}")

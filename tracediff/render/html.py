@@ -113,10 +113,12 @@ def _header(result: Alignment, heading: str, verdict: str, first: TensorComparis
             where += f' <span class="muted">(A: {_e(first.module_path_a)})</span>'
         call = f" call {first.call_index_b}" if first.call_index_b else ""
         amplification = ""
-        if first.tensor.startswith("outputs") and first.input_err == 0:
-            amplification = "<li>its inputs are identical in both traces: the difference starts in this call</li>"
-        elif first.tensor.startswith("outputs") and first.input_err is not None:
-            amplification = (f"<li>its inputs differed by at most {_e(_num(first.input_err))}; "
+        comes_out = first.tensor.split(".", 1)[0] in ("outputs", "grad_inputs")  # forward or backward
+        if comes_out and first.input_err == 0:
+            amplification = ("<li>what flowed into this call is identical in both traces: the difference starts "
+                             "here</li>")
+        elif comes_out and first.input_err is not None:
+            amplification = (f"<li>what flowed into this call differed by at most {_e(_num(first.input_err))}; "
                              f"this call amplified that {_e(_num(first.amplification))}&times;</li>")
         detail = (
             f'<div id="first-divergence" class="first" data-order="{first.order}">'

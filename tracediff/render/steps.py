@@ -39,7 +39,7 @@ def render_table(result: StepComparison) -> str:
         lines += ["", _divergence_text(result.first_divergence)]
     lines += ["", _coverage(result), _step_table(result.step_summaries)]
     if result.needed_atol is not None and not result.passed:
-        lines += ["", f"every difference would pass with --atol {result.needed_atol:.3g}"]
+        lines += ["", f"every difference would pass with --atol {_round_up(result.needed_atol)}"]
     return "\n".join(lines)
 
 
@@ -76,8 +76,10 @@ def _coverage(result: StepComparison) -> str:
 def _step_table(summaries: tuple[StepSummary, ...]) -> str:
     incomplete = any(not (s.complete_a and s.complete_b) for s in summaries)
     headers = ["step", "rank", "status", "compared", "differ", "diverged", "max drift", "first difference"]
+    align = ["right", "right", "left", "right", "right", "right", "right", "left"]
     if incomplete:
         headers.append("complete A/B")
+        align.append("left")
     rows = []
     for s in summaries:
         first = f"{s.first_group} {s.first_name}" if s.first_group else ""
@@ -85,7 +87,15 @@ def _step_table(summaries: tuple[StepSummary, ...]) -> str:
         if incomplete:
             row.append(f"{'yes' if s.complete_a else 'no'}/{'yes' if s.complete_b else 'no'}")
         rows.append(row)
-    return tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True)
+    return tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True, colalign=align)
+
+
+def _round_up(value: float) -> str:
+    """``value`` to 2 significant digits, rounded up so that the printed tolerance passes."""
+    if value <= 0 or not math.isfinite(value):
+        return f"{value:g}"
+    unit = 10.0 ** (math.floor(math.log10(value)) - 1)
+    return f"{math.ceil(value / unit * (1 - 1e-12)) * unit:.2g}"
 
 
 def _many_ranks(result: StepComparison) -> bool:

@@ -21,7 +21,7 @@ from .alignment import strict_json_value
 
 _INDENT = "  "
 _STAT_HEADERS = ["shape", "dtype", "mean", "std", "min", "max", ""]
-CSV_COLUMNS = ["module_path", "relative_path", "call_index", "module_type", "depth", "slot", "order", "shape",
+CSV_COLUMNS = ["module_path", "relative_path", "call_index", "module_type", "phase", "depth", "slot", "order", "shape",
                "dtype", "mean", "std", "min", "max", "nan", "posinf", "neginf", "nonfinite", "has_payload"]
 
 
@@ -52,9 +52,9 @@ def _flag(tensor: TensorView) -> str:
 
 
 def _slot(slot: str) -> str:
-    """``inputs.args.0`` -> ``in args.0``; ``outputs`` -> ``out``; ``outputs.1`` -> ``out 1``."""
+    """``inputs.args.0`` -> ``in args.0``; ``outputs.1`` -> ``out 1``; ``grad_inputs.0`` -> ``grad in 0``."""
     head, _, rest = slot.partition(".")
-    label = {"inputs": "in", "outputs": "out"}.get(head, head)
+    label = {"inputs": "in", "outputs": "out", "grad_outputs": "grad out", "grad_inputs": "grad in"}.get(head, head)
     return f"{label} {rest}".rstrip()
 
 
@@ -69,14 +69,18 @@ def _node_line(node: NodeView) -> str:
 def render_tree(view: TraceView) -> str:
     """The indented call tree with aligned statistics, a header and a NaN/Inf footer."""
     lines: list[tuple[str, list[str] | None]] = []
+    phase = "forward"
     for node in view.nodes:
+        if node.phase != phase:
+            phase = node.phase
+            lines.append((f"{phase} pass (gradients, in the order they arrived):", None))
         lines.append((_node_line(node), None))
         pad = _INDENT * (node.depth + 1)
         for slot, text in node.values:
             lines.append((f"{pad}{_slot(slot)} = {text}", None))
         for t in node.tensors:
-            cells: list[str] = [_shape(t.shape), (t.dtype or "?").removeprefix("torch."), _number(t.mean), _number(t.std),
-                     _number(t.min), _number(t.max), _flag(t)]
+            cells: list[str] = [_shape(t.shape), (t.dtype or "?").removeprefix("torch."), _number(t.mean),
+                                _number(t.std), _number(t.min), _number(t.max), _flag(t)]
             lines.append((f"{pad}{_slot(t.slot)}", cells))
     first_width = max([len(text) for text, cells in lines if cells is not None] + [len("module / tensor")])
     widths = [len(h) for h in _STAT_HEADERS]
@@ -123,7 +127,8 @@ def render_csv(view: TraceView) -> str:
     writer.writerow(CSV_COLUMNS)
     for node, t in view.tensors:
         shape = "x".join(str(n) for n in t.shape) if t.shape is not None else ""
-        writer.writerow([node.module_path, node.relative_path, node.call_index, node.module_type or "", node.depth,
+        writer.writerow([node.module_path, node.relative_path, node.call_index, node.module_type or "", node.phase,
+                         node.depth,
                          t.slot, t.order, shape, t.dtype or "", *(_number(v) for v in (t.mean, t.std, t.min, t.max)),
                          *("" if n is None else n for n in (t.nan, t.posinf, t.neginf)), t.nonfinite, t.has_payload])
     return buffer.getvalue()

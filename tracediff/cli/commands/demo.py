@@ -25,8 +25,8 @@ exit codes: 0 the demo ran and found the planted bug, 1 it did not,
 
 def register(sub: Any) -> None:
     p = sub.add_parser("demo", help="run the porting story on a built-in example (start here)",
-                       description="Capture a reference model and a buggy port of it, align them, and write the "
-                                   "traces, the rename map and an HTML report into one folder.",
+                       description="Capture a reference model and a buggy port of it, align them, and write\n"
+                                   "the traces, the rename map and an HTML report into one folder.",
                        epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="tracediff-demo", metavar="DIR",
                    help="demo folder (default: tracediff-demo in the current directory)")

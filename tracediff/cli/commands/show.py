@@ -17,12 +17,14 @@ EXAMPLE = """examples:
 --path is a glob over module paths, relative (layers.0.mlp) or full
 (LlamaModel.layers.0.mlp); '*' also crosses dots. Matching calls are shown
 with everything below them (down to --depth levels) and their ancestors.
-Tensors holding NaN or Inf are flagged, and the first one is named."""
+Tensors holding NaN or Inf are flagged, and the first one is named.
+
+exit codes: 0 shown, 2 bad input (unreadable trace, no path matching GLOB)."""
 
 
 def register(sub: Any) -> None:
     p = sub.add_parser("show", help="print the call tree of one trace with shapes, dtypes and statistics",
-                       description="Print the call tree of one trace: every module call with the shape, dtype, "
+                       description="Print the call tree of one trace: every module call with the shape, dtype,\n"
                                    "mean, std, min and max of its tensors; NaN/Inf flagged.",
                        epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("trace", metavar="TRACE", help="trace folder (or its JSON file)")
