@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import gc
 import json
 import os
@@ -134,15 +135,25 @@ def run_once(name: str, model: torch.nn.Module, input_ids: torch.Tensor, root: P
 
 
 def time_configs(names: list[str], model: torch.nn.Module, input_ids: torch.Tensor, root: Path,
-                 repeats: int) -> dict[str, dict[str, Any]]:
-    results: dict[str, dict[str, Any]] = {name: {"seconds": []} for name in names}
-    for name in names:  # warm-up
-        run_once(name, model, input_ids, root)
+                 repeats: int, floors: dict[str, tuple[str, Callable[[], tuple[float, int, int]]]]
+                 ) -> dict[str, dict[str, Any]]:
+    """Median seconds of every configuration (and floor), measured in interleaved rounds."""
+    runs: dict[str, Callable[[], tuple[float, int, int]]] = {
+        name: functools.partial(run_once, name, model, input_ids, root) for name in names}
+    runs.update({name: measure for name, (_, measure) in floors.items()})
+    results: dict[str, dict[str, Any]] = {name: {"seconds": []} for name in runs}
+    for name, label_and_measure in floors.items():
+        results[name]["label"] = label_and_measure[0]
+    order = list(runs)
+    for name in order:  # warm-up
+        runs[name]()
     for round_index in range(repeats):
-        shift = round_index % len(names)
-        for name in names[shift:] + names[:shift]:
-            seconds, written, files = run_once(name, model, input_ids, root)
+        shift = round_index % len(order)
+        for name in order[shift:] + order[:shift]:
+            started = time.time()
+            seconds, written, files = runs[name]()
             results[name]["seconds"].append(seconds)
+            results[name].setdefault("started", []).append(round(started, 3))
             results[name]["bytes"], results[name]["files"] = written, files
     for result in results.values():
         result["median"] = statistics.median(result["seconds"])
@@ -151,11 +162,11 @@ def time_configs(names: list[str], model: torch.nn.Module, input_ids: torch.Tens
 
 def distinct_tensors(model: torch.nn.Module, input_ids: torch.Tensor) -> list[torch.Tensor]:
     """Every distinct tensor a full capture of the forward records (inputs and outputs of every call)."""
-    seen: dict[int, torch.Tensor] = {}
+    seen: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}  # holding the tensor keeps its id unique
 
     def collect(value: Any) -> None:
         if isinstance(value, torch.Tensor):
-            seen.setdefault(id(value), value.detach().clone())
+            seen.setdefault(id(value), (value, value.detach().clone()))
         elif isinstance(value, (list, tuple)):
             for item in value:
                 collect(item)
@@ -175,38 +186,32 @@ def distinct_tensors(model: torch.nn.Module, input_ids: torch.Tensor) -> list[to
     finally:
         for handle in handles:
             handle.remove()
-    return list(seen.values())
+    return [copy for _, copy in seen.values()]
 
 
-def time_floors(tensors: list[torch.Tensor], root: Path, repeats: int) -> dict[str, dict[str, Any]]:
-    """Seconds to write the tensors' bytes to fresh files (header, rename) and to compute their statistics."""
+def floor_measures(tensors: list[torch.Tensor], root: Path) -> dict[str, tuple[str, Callable[[], tuple[float, int, int]]]]:
+    """What no capture can beat: writing the tensors to fresh files, and computing their statistics."""
     from tracediff._io import write_tensor_file
     from tracediff.capture.stats import StatsBuffers, tensor_stats
 
-    def write_all() -> float:
+    total = sum(t.numel() * t.element_size() for t in tensors)
+
+    def write_all() -> tuple[float, int, int]:
         with fresh_dir(root) as out:
             start = time.perf_counter()
             for i, t in enumerate(tensors):
                 write_tensor_file(out / f"{i}.safetensors", t)
-            return time.perf_counter() - start
+            return time.perf_counter() - start, total, len(tensors)
 
-    def stats_all() -> float:
+    def stats_all() -> tuple[float, int, int]:
         buffers = StatsBuffers()
         start = time.perf_counter()
         for t in tensors:
             tensor_stats(t, buffers=buffers)
-        return time.perf_counter() - start
+        return time.perf_counter() - start, 0, 0
 
-    total = sum(t.numel() * t.element_size() for t in tensors)
-    floors = {"floor_write": (write_all, f"floor: write the {len(tensors)} distinct tensors to fresh files"),
-              "floor_stats": (stats_all, f"floor: statistics of the {len(tensors)} distinct tensors")}
-    results: dict[str, dict[str, Any]] = {}
-    for name, (measure, label) in floors.items():
-        measure()
-        seconds = [measure() for _ in range(repeats)]
-        results[name] = {"label": label, "seconds": seconds, "median": statistics.median(seconds),
-                         "bytes": total if name == "floor_write" else 0, "files": len(tensors) if name == "floor_write" else 0}
-    return results
+    return {"floor_write": (f"floor: write the {len(tensors)} distinct tensors to fresh files", write_all),
+            "floor_stats": (f"floor: statistics of the {len(tensors)} distinct tensors", stats_all)}
 
 
 def _reset_peak() -> bool:
@@ -254,6 +259,33 @@ def measure_memory(name: str, layers: int, seq_len: int, root: Path) -> dict[str
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def _busy_jiffies() -> int | None:
+    """CPU time (in clock ticks) all processes have used since boot, from ``/proc/stat``."""
+    try:
+        fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    except OSError:
+        return None
+    user, nice, system, idle, iowait, irq, softirq, steal = (int(x) for x in fields[:8])
+    return user + nice + system + irq + softirq + steal
+
+
+class BackgroundLoad:
+    """How many CPUs other processes kept busy while the timing ran (it makes torch's thread pool stall)."""
+
+    def __enter__(self) -> BackgroundLoad:
+        self.start, self.own, self.wall = _busy_jiffies(), os.times(), time.monotonic()
+        self.cpus: float | None = None
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        end, own, wall = _busy_jiffies(), os.times(), time.monotonic()
+        if self.start is None or end is None:
+            return
+        ticks = os.sysconf("SC_CLK_TCK")
+        own_seconds = (own.user + own.system) - (self.own.user + self.own.system)
+        self.cpus = max(0.0, ((end - self.start) / ticks - own_seconds) / (wall - self.wall))
+
+
 def machine_facts(root: Path) -> dict[str, Any]:
     import transformers
 
@@ -280,12 +312,17 @@ def render(results: dict[str, dict[str, Any]], memory: dict[str, dict[str, Any]]
     for name, result in results.items():
         mem = memory.get(name, {})
         label = result.get("label") or CONFIGS[name][0]
-        rows.append([name, label, f"{result['median']:.3f}", f"{result['median'] / plain:.2f}x",
+        spread = f"{min(result['seconds']):.3f}-{max(result['seconds']):.3f}"
+        rows.append([name, label, f"{result['median']:.3f}", spread, f"{result['median'] / plain:.2f}x",
                      f"{result['bytes'] / 1e6:.1f}", result["files"],
                      f"{mem['peak_rss_mib']:.0f}" if mem else "",
                      f"+{mem['peak_rss_mib'] - mem['rss_before_mib']:.0f}" if mem else ""])
-    lines = [" ".join(f"{k}={v}" for k, v in facts.items()), "",
-             tabulate(rows, headers=["config", "what", "median s", "vs plain", "MB written", "files",
+    lines = [" ".join(f"{k}={v}" for k, v in facts.items())]
+    if (facts.get("other_processes_cpus") or 0) > 0.2:
+        lines.append(f"WARNING: other processes kept {facts['other_processes_cpus']} CPUs busy during the timing; "
+                     "torch's thread pool stalls under contention, so these figures are unreliable")
+    lines += ["",
+             tabulate(rows, headers=["config", "what", "median s", "min-max s", "vs plain", "MB written", "files",
                                      "peak RSS MiB", "peak - RSS before run"], disable_numparse=True)]
     full, summary = results.get("full"), results.get("summary")
     if full:
@@ -295,6 +332,10 @@ def render(results: dict[str, dict[str, Any]], memory: dict[str, dict[str, Any]]
         lines += ["", line]
     if summary:
         lines.append(f"summary capture: {summary['median'] / plain:.2f}x plain (target <= {TARGET_SUMMARY}x)")
+    if full and "floor_write" in results:
+        floor = plain + results["floor_write"]["median"] + results["floor_stats"]["median"]
+        lines.append(f"floor of a full capture here: plain + writing + statistics = {floor:.3f} s "
+                     f"({floor / plain:.2f}x plain); measured {full['median']:.3f} s")
     return "\n".join(lines)
 
 
@@ -326,9 +367,10 @@ def main(argv: list[str] | None = None) -> int:
     args.out_root.mkdir(parents=True, exist_ok=True)
     facts = machine_facts(args.out_root)
     model, input_ids = build_model(args.layers, args.seq_len)
-    results = time_configs(names, model, input_ids, args.out_root, args.repeats)
-    if args.floors:
-        results.update(time_floors(distinct_tensors(model, input_ids), args.out_root, args.repeats))
+    floors = floor_measures(distinct_tensors(model, input_ids), args.out_root) if args.floors else {}
+    with BackgroundLoad() as load:
+        results = time_configs(names, model, input_ids, args.out_root, args.repeats, floors)
+    facts["other_processes_cpus"] = None if load.cpus is None else round(load.cpus, 2)
     del model
     memory = {} if args.no_memory else {n: measure_memory(n, args.layers, args.seq_len, args.out_root) for n in names}
     print(render(results, memory, facts))

@@ -11,8 +11,9 @@ default) is hashes only. The timed region of a recorded step includes the
 Target: recorded / plain median <= 1.5 with ``--stats none``. On a shared
 machine the load changes from one second to the next, so the script also
 prints the median of the per-pair ratios (each recorded step against the
-plain step just before it), CPU-time medians, and the minimum (least
-disturbed) times; quote them together.
+plain step just before it), CPU-time medians, the minimum (least disturbed)
+times, the time spent in the recorder's own code (hooks, entry, exit) per
+step, and the speed of hashing alone; quote them together.
 
     python bench/bench_steps.py                 # hashes only
     python bench/bench_steps.py --stats default # plus the default statistics

@@ -25,6 +25,7 @@ from .errors import (
     UnsafePathError,
     UsageError,
 )
+from .steps import StepComparison, StepDivergence, StepRecorder, StepSummary, compare_steps
 from .trace import Node, TensorRecord, Trace, load_trace
 
 __all__ = [
@@ -43,6 +44,11 @@ __all__ = [
     "TensorComparison",
     "Unmatched",
     "ArgumentDiff",
+    "StepRecorder",
+    "compare_steps",
+    "StepComparison",
+    "StepDivergence",
+    "StepSummary",
     "TracediffError",
     "TraceFormatError",
     "UnsafePathError",

@@ -16,7 +16,8 @@ from tracediff.steps import StepRecorder
 from tracediff.steps.result import STEP_COLUMNS
 
 
-def _run(out: Path, *, steps: list[int] | None = None, bump_lr_at: int | None = None) -> None:
+def _run(out: Path, *, steps: list[int] | None = None, bump_lr_at: int | None = None,
+         fail_at: int | None = None) -> None:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(3, 6), nn.Tanh(), nn.Linear(6, 1))
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
@@ -25,9 +26,14 @@ def _run(out: Path, *, steps: list[int] | None = None, bump_lr_at: int | None = 
         for k in range(4):
             if k == bump_lr_at:
                 opt.param_groups[0]["lr"] = 0.02
-            with rec.step({"x": x}):
-                model(x).pow(2).mean().backward()
-                opt.step()
+            try:
+                with rec.step({"x": x}):
+                    model(x).pow(2).mean().backward()
+                    if k == fail_at:
+                        raise FloatingPointError("loss is nan")
+                    opt.step()
+                    opt.zero_grad()
+            except FloatingPointError:
                 opt.zero_grad()
 
 
@@ -86,6 +92,16 @@ def test_different_schedules_compare_shared_steps(runs: dict[str, Path], capsys:
     report = json.loads(capsys.readouterr().out)
     assert [row["step"] for row in report["steps"]] == [3]
     assert (report["only_in_a"], report["only_in_b"]) == ([0, 1, 2], [])
+
+
+def test_incomplete_records_are_reported(runs: dict[str, Path], tmp_path: Path,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    _run(tmp_path / "failed", fail_at=3)  # the last step raised before the update: its data still match
+    assert main(["steps", str(runs["a"]), str(tmp_path / "failed")]) == 0
+    assert "incomplete records (the step raised or the run stopped): step 3 in B" in capsys.readouterr().out
+    assert main(["steps", str(runs["a"]), str(tmp_path / "failed"), "--format", "json"]) == 0
+    last = json.loads(capsys.readouterr().out)["steps"][-1]
+    assert (last["step"], last["complete_a"], last["complete_b"]) == (3, True, False)
 
 
 def _error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:

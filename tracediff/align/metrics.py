@@ -186,8 +186,7 @@ class _Accumulator:
             return
         exact = a.dtype == torch.float64
         if not exact:  # the float32 maximum is within one rounding of the exact one; settle it in float64
-            near = torch.nonzero(absdiff >= worst * (1 - _SLACK)).squeeze(1)
-            worst = float((a[near].double() - b[near].double()).abs().max())
+            worst = _exact_max(a, b, absdiff, worst)
         self.max_abs = max(self.max_abs, worst)
         absa = a.abs()
         if worst > self.atol:  # otherwise every element passes
@@ -210,17 +209,19 @@ class _Accumulator:
     def _count_mismatches(self, a: torch.Tensor, b: torch.Tensor, absa: torch.Tensor, absdiff: torch.Tensor,
                           exact: bool) -> int:
         """Elements failing ``|a - b| <= atol + rtol |a|``, decided in float64 arithmetic."""
-        threshold = absa * self.rtol + self.atol
+        excess = torch.sub(absdiff, absa, alpha=self.rtol)  # |a - b| - rtol |a|, one pass
         if exact:
-            return int(torch.gt(absdiff, threshold).sum())
-        # float32 decides every element clear of the threshold; the few within rounding are redone in float64.
-        clear_fail = int(torch.gt(absdiff, threshold * (1 + _SLACK)).sum())
-        close = torch.nonzero((absdiff > threshold * (1 - _SLACK)) & (absdiff <= threshold * (1 + _SLACK)))
-        if not close.numel():
+            return int(torch.count_nonzero(excess > self.atol))
+        # float32 rounds excess by far less than `margin`; elements within it are settled in float64.
+        margin = _SLACK * (self.atol + self.rtol * float(absa.max()))
+        clear_fail = int(torch.count_nonzero(excess > self.atol + margin))
+        close = int(torch.count_nonzero(excess > self.atol - margin)) - clear_fail
+        if not close:
             return clear_fail
-        idx = close.squeeze(1)
+        idx = torch.nonzero((excess > self.atol - margin) & (excess <= self.atol + margin)).squeeze(1)
         a64, b64 = a[idx].double(), b[idx].double()
         return clear_fail + int(((a64 - b64).abs() > self.atol + self.rtol * a64.abs()).sum())
+
 
     def result(self, n: int) -> PairMetrics:
         f = self.finite
@@ -239,6 +240,13 @@ class _Accumulator:
             required_atol=math.inf if nonfinite else self.max_abs,
             required_rtol=math.inf if nonfinite else self.max_rel,
         )
+
+
+def _exact_max(a: torch.Tensor, b: torch.Tensor, absdiff: torch.Tensor, worst: float) -> float:
+    """``max |a - b|`` in float64, from the float32 differences' maximum ``worst``."""
+    rivals = int(torch.count_nonzero(absdiff >= worst * (1 - _SLACK)))
+    idx = absdiff.argmax().reshape(1) if rivals == 1 else torch.nonzero(absdiff >= worst * (1 - _SLACK)).squeeze(1)
+    return float((a[idx].double() - b[idx].double()).abs().max())
 
 
 # Reference definitions, one metric each (see the module docstring).

@@ -23,8 +23,6 @@ measured twice: its entry points to the first payload.
 from __future__ import annotations
 
 import dataclasses
-import os
-from concurrent.futures import ThreadPoolExecutor
 import re
 import weakref
 from pathlib import Path
@@ -35,7 +33,7 @@ import torch
 from .._io import write_tensor_file
 from .compat import _tensor_lines, sanitize_repr
 from .distributed import dtensor_layout, is_dtensor
-from .stats import FLOAT_DTYPES, StatsBuffers, format_scalar, tensor_stats
+from .stats import FLOAT_DTYPES, StatsBuffers, string_fields, tensor_stats
 
 TensorMode = Literal["full", "summary", "repr"]
 _UNSAFE_FILE_CHARS = re.compile(r"[^\w.@+=-]")
@@ -76,7 +74,6 @@ class Encoder:
         self.dtypes: set[str] = set()
         self._seen: dict[int, tuple[weakref.ref[torch.Tensor], int, dict[str, Any]]] = {}
         self._stats_buffers = StatsBuffers()
-        self._pool = None
 
     def encode(self, value: Any, name: str) -> Any:
         if isinstance(value, torch.Tensor):
@@ -112,33 +109,15 @@ class Encoder:
 
     def _describe(self, tensor: torch.Tensor, name: str) -> dict[str, Any]:
         dtype = tensor.dtype
-        self.devices.add(str(tensor.device))
+        device = str(tensor.device)
+        self.devices.add(device)
         self.dtypes.add(str(dtype))
         entry: dict[str, Any] = {"shape": repr(tensor.shape), "dtype": repr(dtype)}
         if self.tensors == "full":
             tensor = tensor.contiguous()  # one copy at most, shared by the payload and the statistics
             file_name = _UNSAFE_FILE_CHARS.sub("_", name) + ".safetensors"
-            mode = os.environ.get("TD_MODE", "sync")
-            if mode == "sync":
-                self.payload_bytes += write_tensor_file(self.folder / file_name, tensor)
-                stats = tensor_stats(tensor, buffers=self._stats_buffers)
-            elif mode == "statsfirst":
-                stats = tensor_stats(tensor, buffers=self._stats_buffers)
-                self.payload_bytes += write_tensor_file(self.folder / file_name, tensor)
-            else:
-                if self._pool is None:
-                    self._pool = ThreadPoolExecutor(1)
-                fut = self._pool.submit(write_tensor_file, self.folder / file_name, tensor)
-                if mode == "overlap1":
-                    n = torch.get_num_threads()
-                    torch.set_num_threads(1)
-                    try:
-                        stats = tensor_stats(tensor, buffers=self._stats_buffers)
-                    finally:
-                        torch.set_num_threads(n)
-                else:
-                    stats = tensor_stats(tensor, buffers=self._stats_buffers)
-                self.payload_bytes += fut.result()
+            self.payload_bytes += write_tensor_file(self.folder / file_name, tensor)
+            stats = tensor_stats(tensor, buffers=self._stats_buffers)
             self.files += 1
             entry["value"] = f"./{file_name}"
         else:
@@ -146,8 +125,7 @@ class Encoder:
                 entry["value"] = _tensor_lines(tensor)
             stats = tensor_stats(tensor, buffers=self._stats_buffers)
         if dtype in FLOAT_DTYPES and stats.get("numel"):
-            for key in ("mean", "std", "min", "max"):
-                entry[key] = format_scalar(stats.get(key), dtype)
+            entry.update(string_fields(stats, dtype))
         entry["stats"] = stats
-        entry["device"] = str(tensor.device)
+        entry["device"] = device
         return entry

@@ -51,7 +51,7 @@ from .._version import __version__
 from ..errors import OutputDirError, TracediffError, UsageError
 from ._patch import ForwardPatch
 from .backward import BackwardRecorder
-from ._tree import prune_intermediate_layers, trace_file_names, without_values
+from ._tree import prune_intermediate_layers, trace_file_names
 from .compat import sanitize_repr
 from .distributed import current_rank, world_size
 from .encode import Encoder, TensorMode
@@ -413,7 +413,7 @@ def _finish(
                 prune_intermediate_layers(tree)
             full, summary = trace_file_names(recorder.model_name)
             write_json(session.trace_dir / full, tree)
-            write_json(session.trace_dir / summary, without_values(tree))
+            write_json(session.trace_dir / summary, tree, drop_key="value")  # without_values(), uncopied
     except TracediffError as e:
         if recorder.failure is None:
             recorder.failure = e

@@ -136,17 +136,31 @@ def format_scalar(value: float | int | None, dtype: torch.dtype) -> str:
     The standard trace stores ``repr()`` of a 0-d tensor under ``sci_mode``; we
     format the float64 statistic the same way instead of building a tensor.
     """
-    if value is None:
-        return "None"
+    return "None" if value is None else _scalar_body(value) + _dtype_suffix(dtype)
+
+
+def string_fields(stats: dict[str, Any], dtype: torch.dtype) -> dict[str, str]:
+    """``mean``, ``std``, ``min`` and ``max`` of ``stats`` as ``format_scalar`` writes them."""
+    suffix = _dtype_suffix(dtype)
+    fields = {}
+    for key in ("mean", "std", "min", "max"):
+        value = stats.get(key)
+        fields[key] = "None" if value is None else _scalar_body(value) + suffix
+    return fields
+
+
+def _dtype_suffix(dtype: torch.dtype) -> str:
+    if dtype == torch.get_default_dtype() or dtype not in FLOAT_DTYPES:
+        return ")"
+    return f", dtype={dtype})"
+
+
+def _scalar_body(value: float | int) -> str:
     v = float(value)
     if math.isnan(v):
-        body = "nan"
-    elif math.isinf(v):
-        body = "inf" if v > 0 else "-inf"
-    elif v == 0:
-        body = "0."
-    else:
-        body = f"{v:.4e}"
-    if dtype == torch.get_default_dtype() or dtype not in FLOAT_DTYPES:
-        return f"tensor({body})"
-    return f"tensor({body}, dtype={dtype})"
+        return "tensor(nan"
+    if math.isinf(v):
+        return "tensor(inf" if v > 0 else "tensor(-inf"
+    if v == 0:
+        return "tensor(0."
+    return f"tensor({v:.4e}"

@@ -68,6 +68,11 @@ def _coverage(result: StepComparison) -> str:
         parts.append(f"only in A: {_steps_list(result.only_in_a)}")
     if result.only_in_b:
         parts.append(f"only in B: {_steps_list(result.only_in_b)}")
+    broken = [f"step {s.step} in " + " and ".join(side for side, ok in (("A", s.complete_a), ("B", s.complete_b))
+                                                  if not ok)
+              for s in result.step_summaries if not (s.complete_a and s.complete_b)]
+    if broken:
+        parts.append(f"incomplete records (the step raised or the run stopped): {', '.join(broken)}")
     if result.groups_skipped:
         parts.append(f"groups recorded by one run only (not compared): {', '.join(result.groups_skipped)}")
     return "; ".join(parts)

@@ -49,7 +49,7 @@ from collections.abc import Collection, Iterable, Iterator
 from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
@@ -68,6 +68,7 @@ from .rngs import rng_entries
 from .tensor_stats import DEFAULT_STATS
 
 _NO_BATCH = object()
+_R = TypeVar("_R", bound="StepRecorder")
 _STATE_GROUPS = ("params", "buffers", "optimizer")
 
 
@@ -226,7 +227,7 @@ class StepRecorder:
         if self._failure is not None:
             raise self._failure
 
-    def __enter__(self) -> StepRecorder:
+    def __enter__(self: _R) -> _R:
         return self
 
     def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
@@ -248,7 +249,10 @@ class StepRecorder:
             record["groups"]["rngs"] = rng_entries()
             record["taken_at"]["rngs"] = "entry"
         if "batch" in self._groups:
-            structure, entries = (None, {}) if batch is _NO_BATCH else batch_entries(batch, self._stats)
+            try:
+                structure, entries = (None, {}) if batch is _NO_BATCH else batch_entries(batch, self._stats)
+            except Exception as e:  # noqa: BLE001 - an odd batch container must not stop training
+                structure, entries = {"value": "batch"}, {"batch": error_entry(e)}
             record["batch_structure"] = structure
             record["groups"]["batch"] = entries
             record["taken_at"]["batch"] = "entry"

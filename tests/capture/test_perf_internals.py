@@ -1,0 +1,194 @@
+"""The fast paths of capture give the same results as the slow, obvious ones.
+
+* ``json_text`` builds exactly the text of ``json.dumps(obj, indent=...)``;
+* ``write_tensor_file`` writes exactly the bytes of ``safetensors.torch.save_file``,
+  also when the OS writes less than asked;
+* ``tensor_stats`` in chunks, with reused buffers, agrees with one pass in float64.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra.numpy import arrays
+from safetensors.torch import save_file
+
+from tracediff import _io
+from tracediff._io import json_text, write_json, write_tensor_file
+from tracediff.capture import stats as stats_module
+from tracediff.capture._tree import without_values
+from tracediff.capture.stats import StatsBuffers, tensor_stats
+from tracediff.errors import OutputDirError
+
+scalars = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=True, allow_infinity=True), st.text())
+keys = st.one_of(st.text(), st.integers(), st.floats(), st.booleans(), st.none())
+json_values = st.recursive(
+    scalars,
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.tuples(inner, inner), st.dictionaries(keys, inner, max_size=4)),
+    max_leaves=30,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=json_values, indent=st.integers(0, 4))
+def test_json_text_is_the_text_of_json_dumps(value: object, indent: int) -> None:
+    assert json_text(value, indent=indent) == json.dumps(value, indent=indent)
+
+
+trace_like = st.recursive(
+    scalars,
+    lambda inner: st.one_of(st.lists(inner, max_size=3),
+                            st.dictionaries(st.sampled_from(["value", "stats", "shape", "x"]), inner, max_size=4)),
+    max_leaves=30,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(tree=trace_like)
+def test_json_text_dropping_a_key_is_the_text_of_the_tree_without_it(tree: object) -> None:
+    assert json_text(tree, indent=2, drop_key="value") == json.dumps(without_values(tree), indent=2)
+    assert json_text(tree, indent=None, drop_key="value") == json.dumps(without_values(tree))
+
+
+def test_json_text_of_a_trace_like_tree_and_its_failures() -> None:
+    class Flag(int):
+        pass
+
+    tree = {"module_path": "M", "call_index": Flag(2), "inputs": {"args": [{"shape": "torch.Size([2])", "stats": {
+        "mean": math.nan, "max": math.inf, "min": -math.inf, "zeros": 0}}]}, "children": [], "x": {}, "é": "ü\n"}
+    for indent in (None, 1, 2):
+        assert json_text(tree, indent=indent) == json.dumps(tree, indent=indent)
+    with pytest.raises(TypeError, match="not JSON serializable"):
+        json_text({"a": [object()]})
+    loop: list[object] = []
+    loop.append(loop)
+    with pytest.raises(ValueError, match="Circular reference"):
+        json_text(loop)
+
+
+def test_write_json_that_cannot_serialize_leaves_no_file(tmp_path: Path) -> None:
+    with pytest.raises(TypeError):
+        write_json(tmp_path / "out.json", {"bad": {1, 2}})
+    assert list(tmp_path.iterdir()) == []
+    write_json(tmp_path / "out.json", {"good": [1, 2.5, None]}, indent=1)
+    assert (tmp_path / "out.json").read_text() == json.dumps({"good": [1, 2.5, None]}, indent=1)
+
+
+TENSORS = [
+    torch.arange(12, dtype=torch.float32).reshape(3, 4),
+    torch.arange(12, dtype=torch.float32).reshape(3, 4).t(),  # not contiguous
+    torch.tensor(3.5, dtype=torch.float64),  # 0-d
+    torch.zeros(0, 5, dtype=torch.bfloat16),  # empty
+    torch.tensor([[True, False, True]]),
+    torch.arange(-3, 4, dtype=torch.int8),
+    torch.randn(5, 7, generator=torch.Generator().manual_seed(0)).half(),
+]
+
+
+@pytest.mark.parametrize("tensor", TENSORS, ids=lambda t: f"{t.dtype}-{tuple(t.shape)}")
+def test_payload_bytes_are_those_of_safetensors_save_file(tmp_path: Path, tensor: torch.Tensor) -> None:
+    ours, theirs = tmp_path / "ours.safetensors", tmp_path / "theirs.safetensors"
+    assert write_tensor_file(ours, tensor) == tensor.numel() * tensor.element_size()
+    save_file({"data": tensor.contiguous()}, str(theirs))
+    assert ours.read_bytes() == theirs.read_bytes()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ours.safetensors", "theirs.safetensors"]
+
+
+def test_payload_is_complete_when_the_os_writes_a_few_bytes_at_a_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_write, calls = os.write, []
+
+    def dribble(fd: int, data: bytes) -> int:
+        calls.append(len(data))
+        return real_write(fd, bytes(memoryview(data)[:7]))
+
+    monkeypatch.setattr(_io, "_HAS_WRITEV", False)
+    monkeypatch.setattr(os, "write", dribble)
+    tensor = torch.randn(10, 3, generator=torch.Generator().manual_seed(1))
+    write_tensor_file(tmp_path / "t.safetensors", tensor)
+    monkeypatch.undo()
+    save_file({"data": tensor}, str(tmp_path / "ref.safetensors"))
+    assert (tmp_path / "t.safetensors").read_bytes() == (tmp_path / "ref.safetensors").read_bytes()
+    assert len(calls) > 10
+
+
+def test_a_write_that_makes_no_progress_is_an_output_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(_io, "_HAS_WRITEV", False)
+    monkeypatch.setattr(os, "write", lambda fd, data: 0)
+    with pytest.raises(OutputDirError, match="t.safetensors: could not write payload"):
+        write_tensor_file(tmp_path / "t.safetensors", torch.ones(3))
+    monkeypatch.undo()
+    assert list(tmp_path.iterdir()) == []
+
+
+def reference_stats(t: torch.Tensor) -> dict[str, float]:
+    a = t.double().reshape(-1).numpy()
+    return {"numel": a.size, "min": a.min(), "max": a.max(), "zeros": int((a == 0).sum()), "mean": a.mean(),
+            "std": a.std(ddof=1) if a.size > 1 else math.nan, "abs_mean": np.abs(a).mean()}
+
+
+def assert_close_to_reference(got: dict[str, float], t: torch.Tensor) -> None:
+    want = reference_stats(t)
+    for key in ("numel", "min", "max", "zeros"):
+        assert got[key] == want[key], key
+    # Rounding of m-term float32 sums (float64 for float64 data), as in test_stats.
+    m, eps = t.numel(), 2.0**-52 if t.dtype == torch.float64 else 2.0**-23
+    rms = float(t.double().square().mean().sqrt())
+    for key in ("mean", "abs_mean", "std"):
+        bound = math.sqrt(2 * m * eps) * rms if key == "std" else 2 * m * eps * rms
+        if math.isnan(want[key]):
+            assert math.isnan(got[key])
+        else:
+            assert abs(got[key] - want[key]) <= bound + 1e-300, (key, got[key], want[key])
+
+
+small_values = st.one_of(st.just(0.0), st.floats(-100, 100, width=32))
+
+
+@settings(max_examples=80, deadline=None)
+@given(values=arrays(np.float32, st.integers(1, 90), elements=small_values),
+       dtype=st.sampled_from([torch.float32, torch.float64, torch.float16, torch.bfloat16]))
+def test_chunked_statistics_agree_with_one_pass(values: np.ndarray, dtype: torch.dtype) -> None:
+    t = torch.from_numpy(values).to(dtype)
+    whole = tensor_stats(t)
+    original = stats_module.CHUNK
+    stats_module.CHUNK = 8  # many chunks, the last one short
+    try:
+        chunked = tensor_stats(t, buffers=StatsBuffers())
+    finally:
+        stats_module.CHUNK = original
+    assert_close_to_reference(chunked, t)
+    assert {k: chunked[k] for k in ("numel", "min", "max", "zeros")} == {
+        k: whole[k] for k in ("numel", "min", "max", "zeros")}
+
+
+def test_buffers_reused_across_sizes_dtypes_and_layouts_give_fresh_results() -> None:
+    generator = torch.Generator().manual_seed(3)
+    tensors = [torch.randn(n, generator=generator).to(dtype) for n in (5, 300, 17, 1000, 2)
+               for dtype in (torch.float32, torch.float64, torch.bfloat16)]
+    tensors.append(torch.randn(6, 9, generator=generator)[:, ::2])  # not contiguous
+    tensors.append(torch.tensor([0.0, -0.0, 2.0, 0.0]))  # zeros, including a negative one
+    buffers = StatsBuffers()
+    for t in tensors:
+        shared = tensor_stats(t, buffers=buffers)
+        assert shared == tensor_stats(t)
+        assert_close_to_reference(shared, t)
+
+
+def test_buffers_stay_bounded_by_the_chunk_size() -> None:
+    buffers = StatsBuffers()
+    big = torch.ones(stats_module.CHUNK * 2 + 3)
+    big[::3] = 0
+    got = tensor_stats(big, buffers=buffers)
+    assert got["zeros"] == (big.numel() + 2) // 3 and got["numel"] == big.numel()
+    held = list(buffers._buffers.values())
+    assert held and all(b.numel() <= stats_module.CHUNK for b in held)
