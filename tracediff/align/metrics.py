@@ -150,9 +150,12 @@ class _Accumulator:
 
     def add(self, a: torch.Tensor, b: torch.Tensor) -> None:
         absdiff = (a - b).abs_()
-        worst = float(absdiff.max()) if absdiff.numel() else 0.0
+        if not absdiff.numel():
+            return
+        top, where = absdiff.max(dim=0)
+        worst = float(top)
         if math.isfinite(worst):
-            self._add_finite(a, b, absdiff, worst)
+            self._add_finite(a, b, absdiff, worst, int(where))
             return
         a, b = a.double(), b.double()
         both = torch.isfinite(a) & torch.isfinite(b)
@@ -165,9 +168,11 @@ class _Accumulator:
         if bool(both.any()):
             fa, fb = a[both], b[both]
             ad = (fa - fb).abs_()
-            self._add_finite(fa, fb, ad, float(ad.max()))
+            top, where = ad.max(dim=0)
+            self._add_finite(fa, fb, ad, float(top), int(where))
 
-    def _add_finite(self, a: torch.Tensor, b: torch.Tensor, absdiff: torch.Tensor, worst: float) -> None:
+    def _add_finite(self, a: torch.Tensor, b: torch.Tensor, absdiff: torch.Tensor, worst: float,
+                    where: int) -> None:
         self.finite += a.numel()
         sums = torch.stack([absdiff.sum(), torch.dot(absdiff, absdiff), torch.dot(a, b), torch.dot(a, a),
                             torch.dot(b, b)]).tolist()
@@ -186,7 +191,7 @@ class _Accumulator:
             return
         exact = a.dtype == torch.float64
         if not exact:  # the float32 maximum is within one rounding of the exact one; settle it in float64
-            worst = _exact_max(a, b, absdiff, worst)
+            worst = _exact_max(a, b, absdiff, worst, where)
         self.max_abs = max(self.max_abs, worst)
         absa = a.abs()
         if worst > self.atol:  # otherwise every element passes
@@ -200,10 +205,11 @@ class _Accumulator:
                 return
             absa.masked_fill_(zero, 1.0)
         rel = absdiff.div_(absa)
-        top = float(rel.max())
+        top_t, top_at = rel.max(dim=0)
+        top = float(top_t)
         if top == 0:
             return
-        near = torch.nonzero(rel >= top * (1 - _SLACK)).squeeze(1)
+        near = _near_top(rel, top * (1 - _SLACK), int(top_at))
         self.max_rel = max(self.max_rel, _smallest_rtol(a[near].double(), b[near].double()))
 
     def _count_mismatches(self, a: torch.Tensor, b: torch.Tensor, absa: torch.Tensor, absdiff: torch.Tensor,
@@ -242,10 +248,16 @@ class _Accumulator:
         )
 
 
-def _exact_max(a: torch.Tensor, b: torch.Tensor, absdiff: torch.Tensor, worst: float) -> float:
-    """``max |a - b|`` in float64, from the float32 differences' maximum ``worst``."""
-    rivals = int(torch.count_nonzero(absdiff >= worst * (1 - _SLACK)))
-    idx = absdiff.argmax().reshape(1) if rivals == 1 else torch.nonzero(absdiff >= worst * (1 - _SLACK)).squeeze(1)
+def _near_top(values: torch.Tensor, floor: float, top_at: int) -> torch.Tensor:
+    """Indices of the elements ``>= floor``; usually only the maximum, found without a scan for indices."""
+    if int(torch.count_nonzero(values >= floor)) == 1:
+        return torch.tensor([top_at])
+    return torch.nonzero(values >= floor).squeeze(1)
+
+
+def _exact_max(a: torch.Tensor, b: torch.Tensor, absdiff: torch.Tensor, worst: float, where: int) -> float:
+    """``max |a - b|`` in float64. Rounding is monotonic, so the exact maximum is among the float32 maxima."""
+    idx = _near_top(absdiff, worst, where)
     return float((a[idx].double() - b[idx].double()).abs().max())
 
 

@@ -53,8 +53,8 @@ class StatsBuffers:
         key = (device, dtype, slot)
         buffer = self._buffers.get(key)
         if buffer is None or buffer.numel() < n:
-            size = min(CHUNK, 1 << max(n - 1, 1).bit_length())  # grow by powers of two
-            buffer = torch.empty(size, dtype=dtype, device=device)
+            # Full size at once: on CPU, pages never written cost nothing, and no regrowth touches new memory.
+            buffer = torch.empty(max(n, CHUNK), dtype=dtype, device=device)
             self._buffers[key] = buffer
         return buffer[:n]
 
