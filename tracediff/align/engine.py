@@ -31,12 +31,17 @@ report is still produced; a trace that cannot be read at all raises a
 from __future__ import annotations
 
 import math
+import os
 import sys
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from ..trace.load import Trace, load_trace
 from ..trace.model import Node, TensorRecord
@@ -92,14 +97,21 @@ def align(
         unmatched_b += [Unmatched(node_b.module_path, node_b.call_index, t.slot) for t in only_b]
     jobs.sort(key=lambda job: job[3].order)
 
+    tolerances = [policy.resolve((na.relative_path, nb.relative_path), ra.dtype, rb.dtype)
+                  for na, ra, nb, rb in jobs]
     tick = _progress(progress, jobs)
-    rows = []
-    for order, (node_a, ra, node_b, rb) in enumerate(jobs):
-        tol_atol, tol_rtol = policy.resolve((node_a.relative_path, node_b.relative_path), ra.dtype, rb.dtype)
-        fields = compare_records(trace_a, ra, trace_b, rb, atol=tol_atol, rtol=tol_rtol)
-        rows.append(_row(order, node_a, ra, node_b, rb, tol_atol, tol_rtol, fields))
+
+    def compare(index: int) -> dict[str, Any]:
+        _, ra, _, rb = jobs[index]
+        fields = compare_records(trace_a, ra, trace_b, rb, atol=tolerances[index][0], rtol=tolerances[index][1])
         tick(rb)
+        return fields
+
+    with _workers(len(jobs)) as run:
+        results = run(compare, range(len(jobs)))
     tick(None)
+    rows = [_row(order, na, ra, nb, rb, *tolerances[order], fields)
+            for order, ((na, ra, nb, rb), fields) in enumerate(zip(jobs, results))]
 
     known = [n.relative_path for n in trace_b.nodes()] + [n.relative_path for n in trace_a.nodes()]
     warnings = policy.unused_pattern_warnings(known)
@@ -118,6 +130,28 @@ def align(
         warnings=tuple(warnings),
         matched_nodes=len(matching.pairs),
     )
+
+
+@contextmanager
+def _workers(jobs: int) -> Iterator[Callable[..., list[Any]]]:
+    """Compare tensor pairs on every core, each pair single-threaded.
+
+    One pair per core beats torch's intra-op threads here: most tensors are
+    small enough that splitting each operation costs more than it saves,
+    and the threads never wait on each other's barriers. Torch's thread
+    count is restored afterwards.
+    """
+    cores = min(os.cpu_count() or 1, 8)
+    if cores < 2 or jobs < 2:
+        yield lambda fn, items: [fn(i) for i in items]
+        return
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        with ThreadPoolExecutor(max_workers=cores, thread_name_prefix="tracediff-align") as pool:
+            yield lambda fn, items: list(pool.map(fn, items))
+    finally:
+        torch.set_num_threads(previous)
 
 
 def _row(order: int, node_a: Node, ra: TensorRecord, node_b: Node, rb: TensorRecord,

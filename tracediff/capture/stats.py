@@ -59,6 +59,10 @@ class StatsBuffers:
         return buffer[:n]
 
 
+_WIDE_UNSIGNED = {getattr(torch, name) for name in ("uint16", "uint32", "uint64") if hasattr(torch, name)}
+_SQUARES_FLOOR = 1e-30
+
+
 def tensor_stats(tensor: torch.Tensor, *, buffers: StatsBuffers | None = None) -> dict[str, Any]:
     """Statistics of ``tensor`` as plain Python numbers.
 
@@ -78,6 +82,9 @@ def tensor_stats(tensor: torch.Tensor, *, buffers: StatsBuffers | None = None) -
     if t.dtype == torch.bool:
         true_count = int(t.sum())
         return {"numel": n, "min": int(true_count == n), "max": int(true_count > 0), "zeros": n - true_count}
+    if t.dtype in _WIDE_UNSIGNED:  # torch has no CPU min/max for these; numpy's are exact
+        values = t.cpu().contiguous().numpy()
+        return {"numel": n, "min": int(values.min()), "max": int(values.max()), "zeros": int((values == 0).sum())}
     lo, hi = torch.aminmax(t)
     zeros = n - int(torch.count_nonzero(t))
     return {"numel": n, "min": int(lo), "max": int(hi), "zeros": zeros}
@@ -99,6 +106,10 @@ def _float_stats(t: torch.Tensor, n: int, buffers: StatsBuffers) -> dict[str, An
     if all(math.isfinite(v) for v in lows + highs):
         total, squares, abs_total = math.fsum(values[2::6]), math.fsum(values[3::6]), math.fsum(values[4::6])
         zeros = n - round(math.fsum(values[5::6]))
+        largest = max(abs(min(lows)), abs(max(highs)))
+        if not (math.isfinite(total) and math.isfinite(squares)) or (largest and squares < _SQUARES_FLOOR):
+            # float32 squares overflow above ~1.8e19 and underflow below ~1e-19: redo the sums in float64.
+            total, squares = _float64_sums(flat)
         mean = total / n
         var = (squares - total * total / n) / (n - 1) if n > 1 else math.nan
         return {
@@ -109,6 +120,15 @@ def _float_stats(t: torch.Tensor, n: int, buffers: StatsBuffers) -> dict[str, An
     return _non_finite_stats(flat if flat.dtype in _NATIVE else flat.float(), n)
 
 
+def _float64_sums(flat: torch.Tensor) -> tuple[float, float]:
+    total = squares = 0.0
+    for start in range(0, flat.numel(), CHUNK):
+        x = flat[start:start + CHUNK].double()
+        total += float(x.sum())
+        squares += float(torch.dot(x, x))
+    return total, squares
+
+
 def _non_finite_stats(flat: torch.Tensor, n: int) -> dict[str, Any]:
     nan = int(torch.isnan(flat).sum())
     posinf = int((flat == math.inf).sum())
@@ -116,7 +136,7 @@ def _non_finite_stats(flat: torch.Tensor, n: int) -> dict[str, Any]:
     finite = flat[torch.isfinite(flat)]
     m = finite.numel()
     out: dict[str, Any] = {"numel": n, "nan": nan, "posinf": posinf, "neginf": neginf,
-                           "zeros": n - int(torch.count_nonzero(flat)) - nan}
+                           "zeros": n - int(torch.count_nonzero(flat))}  # NaN is not zero
     # Moments over all elements would be NaN; report them over the finite ones.
     if m:
         f64 = finite.double()
@@ -162,5 +182,5 @@ def _scalar_body(value: float | int) -> str:
     if math.isinf(v):
         return "tensor(inf" if v > 0 else "tensor(-inf"
     if v == 0:
-        return "tensor(0."
+        return "tensor(-0." if math.copysign(1.0, v) < 0 else "tensor(0."
     return f"tensor({v:.4e}"
