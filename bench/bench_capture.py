@@ -21,10 +21,14 @@ build the model, run once to warm up, reset the kernel's high-water mark
 adds the peak of a full capture at several depths, to show that it does not
 grow with the number of modules traced.
 
-``--floors`` adds what no capture can beat on this machine, on the distinct
-tensors a full capture records: writing their bytes to fresh files, and
-computing their statistics.
+``--floors`` adds, to the same interleaved rounds, what no capture can beat
+on this machine for the distinct tensors a full capture records: writing
+them to fresh files (``write_tensor_file``: header, bytes, rename), and
+computing their statistics (``tensor_stats``).
 
+The first line gives the machine facts, including how many CPUs other
+processes kept busy during the timing: torch's intra-op threads stall when
+they share cores, so a run next to other work is flagged as unreliable.
 Nothing here asserts: the targets are printed with the measured ratios.
 """
 

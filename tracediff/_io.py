@@ -11,15 +11,14 @@ from __future__ import annotations
 
 import errno
 import json
-import math
 import os
 import tempfile
-from json.encoder import encode_basestring_ascii as _quote
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from ._json_text import json_text, json_text_pair
 from .errors import OutputDirError, PayloadError, UnsafePathError
 
 _DTYPE_CODES: dict[torch.dtype, str] = {
@@ -115,12 +114,14 @@ def write_json(path: str | os.PathLike[str], obj: Any, *, indent: int | None = 2
     for ``drop_key``); it is built in full before the file is created, so an
     object that cannot be serialized leaves nothing behind.
     """
-    path = Path(path)
-    text = json_text(obj, indent=indent, drop_key=drop_key).encode("utf-8")
+    _write_text_atomically(Path(path), json_text(obj, indent=indent, drop_key=drop_key).encode("utf-8"))
+
+
+def _write_text_atomically(path: Path, data: bytes) -> None:
     fd, tmp = _temp_beside(path)
     try:
         try:
-            _write_all(fd, [text])
+            _write_all(fd, [data])
         finally:
             os.close(fd)
         os.replace(tmp, path)
@@ -129,162 +130,18 @@ def write_json(path: str | os.PathLike[str], obj: Any, *, indent: int | None = 2
         raise OutputDirError(f"{path}: could not write: {e.strerror or e}") from e
 
 
-def json_text(obj: Any, *, indent: int | None = 2, drop_key: str | None = None) -> str:
-    """The text of ``json.dumps(obj, indent=indent)``, built three to four times faster.
+def write_json_pair(path: str | os.PathLike[str], stripped_path: str | os.PathLike[str], obj: Any, *,
+                    drop_key: str, indent: int | None = 2) -> None:
+    """Write ``obj`` to ``path``, and ``obj`` without its ``drop_key`` items to ``stripped_path``.
 
-    ``drop_key`` leaves out every dict item with that key, at any depth, as if
-    it had been deleted from a copy first (e.g. ``"value"`` for a trace's
-    SUMMARY file). The standard library indents JSON in pure Python; a trace
-    tree is large enough for that to show next to a forward pass. This walks
-    the containers in Python but has containers of plain scalars (most of a
-    trace: statistics, tensor descriptions) formatted by the standard C
-    encoder. Values it does not know, and circular references, go to
-    ``json.dumps``, which raises as usual.
+    Both through a temporary file and a rename, as ``write_json``; both texts
+    are built before either file is made. When no dict in ``obj`` has the key,
+    the text is built once and written twice (a trace's FULL_TENSORS and
+    SUMMARY files are the same text when no payload is written).
     """
-    if indent is None or not isinstance(indent, int) or _make_c_encoder is None:
-        return json.dumps(_without_key(obj, drop_key), indent=indent, allow_nan=True)
-    try:
-        return _IndentedJson(indent, drop_key).text(obj)
-    except (_NotPlainJson, RecursionError):
-        return json.dumps(_without_key(obj, drop_key), indent=indent, allow_nan=True)
-
-
-def _without_key(value: Any, key: str | None) -> Any:
-    if key is None:
-        return value
-    if isinstance(value, dict):
-        return {k: _without_key(v, key) for k, v in value.items() if k != key}
-    if isinstance(value, (list, tuple)):
-        return [_without_key(v, key) for v in value]
-    return value
-
-
-class _NotPlainJson(Exception):
-    pass
-
-
-def _refuse(value: Any) -> Any:
-    raise _NotPlainJson
-
-
-_PLAIN_SCALARS = frozenset({str, int, float, bool, type(None)})
-_STR = frozenset({str})
-_make_c_encoder = getattr(json.encoder, "c_make_encoder", None)
-
-
-def _float_text(value: float) -> str:
-    if value != value:
-        return "NaN"
-    if value == math.inf:
-        return "Infinity"
-    if value == -math.inf:
-        return "-Infinity"
-    return float.__repr__(value)
-
-
-def _scalar_text(value: Any) -> str | None:
-    """JSON of a str/None/bool/int/float, as the standard encoder writes it; None for anything else."""
-    if isinstance(value, str):
-        return _quote(value)
-    if value is None:
-        return "null"
-    if value is True:
-        return "true"
-    if value is False:
-        return "false"
-    if isinstance(value, int):
-        return int.__repr__(value)
-    if isinstance(value, float):
-        return _float_text(value)
-    return None
-
-
-def _key_text(key: Any) -> str:
-    if isinstance(key, str):
-        return _quote(key)
-    if isinstance(key, (bool, int, float)) or key is None:
-        return '"' + str(_scalar_text(key)) + '"'
-    raise _NotPlainJson
-
-
-class _IndentedJson:
-    def __init__(self, indent: int, drop_key: str | None) -> None:
-        self.parts: list[str] = []
-        self.step = " " * indent
-        self.drop_key = drop_key
-        self.newlines = ["\n"]  # newline plus the indentation of each depth
-        self.flat_encoders: list[Any] = []  # C encoders whose item separator indents one depth
-
-    def text(self, obj: Any) -> str:
-        self._value(obj, 0)
-        return "".join(self.parts)
-
-    def _value(self, value: Any, depth: int) -> None:
-        add = self.parts.append
-        if isinstance(value, dict):
-            if not value:
-                add("{}")
-                return
-            drop = self.drop_key
-            # Checks written as set.issuperset(map(type, ...)) run in C, with no Python loop.
-            if (_PLAIN_SCALARS.issuperset(map(type, value.values())) and _STR.issuperset(map(type, value))
-                    and (drop is None or drop not in value)):
-                add(self._flat(value, depth, "{", "}"))
-                return
-            inner = self._newline(depth + 1)
-            separator = "{" + inner
-            for key, item in value.items():
-                if key == drop and type(key) is str:
-                    continue
-                kind = type(item)  # exact types first: the common case, and cheaper than isinstance
-                if kind is str:
-                    add(separator + _key_text(key) + ": " + _quote(item))
-                elif kind is float:
-                    add(separator + _key_text(key) + ": " + _float_text(item))
-                elif kind is int:
-                    add(separator + _key_text(key) + ": " + int.__repr__(item))
-                else:
-                    text = _scalar_text(item)
-                    add(separator + _key_text(key) + ": " + (text or ""))
-                    if text is None:
-                        self._value(item, depth + 1)
-                separator = "," + inner
-            add("{}" if separator[0] == "{" else self.newlines[depth] + "}")  # "{}" when every key was dropped
-        elif isinstance(value, (list, tuple)):
-            if not value:
-                add("[]")
-                return
-            if _PLAIN_SCALARS.issuperset(map(type, value)):
-                add(self._flat(value, depth, "[", "]"))
-                return
-            inner = self._newline(depth + 1)
-            separator = "[" + inner
-            for item in value:
-                text = _scalar_text(item)
-                add(separator + (text or ""))
-                if text is None:
-                    self._value(item, depth + 1)
-                separator = "," + inner
-            add(self.newlines[depth] + "]")
-        else:
-            text = _scalar_text(value)
-            if text is None:
-                raise _NotPlainJson
-            add(text)
-
-    def _flat(self, value: Any, depth: int, opening: str, closing: str) -> str:
-        """A non-empty container of plain scalars, formatted by the C encoder, one item per line."""
-        while len(self.flat_encoders) <= depth:
-            inner = self._newline(len(self.flat_encoders) + 1)
-            self.flat_encoders.append(_make_c_encoder(  # type: ignore[misc]
-                None, _refuse, _quote, None, ": ", "," + inner, False, False, True))
-        body = "".join(self.flat_encoders[depth](value, 0))
-        return opening + self.newlines[depth + 1] + body[1:-1] + self.newlines[depth] + closing
-
-    def _newline(self, depth: int) -> str:
-        while len(self.newlines) <= depth:
-            self.newlines.append(self.newlines[-1] + self.step)
-        return self.newlines[depth]
+    text, stripped = json_text_pair(obj, indent=indent, drop_key=drop_key)
+    _write_text_atomically(Path(path), text.encode("utf-8"))
+    _write_text_atomically(Path(stripped_path), stripped.encode("utf-8"))
 
 
 def write_text(path: str | os.PathLike[str], text: str) -> None:

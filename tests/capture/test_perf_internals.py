@@ -22,7 +22,8 @@ from hypothesis.extra.numpy import arrays
 from safetensors.torch import save_file
 
 from tracediff import _io
-from tracediff._io import json_text, write_json, write_tensor_file
+from tracediff._io import json_text, write_json, write_json_pair, write_tensor_file
+from tracediff._json_text import json_text_pair
 from tracediff.capture import stats as stats_module
 from tracediff.capture._tree import without_values
 from tracediff.capture.stats import StatsBuffers, tensor_stats
@@ -56,6 +57,24 @@ trace_like = st.recursive(
 def test_json_text_dropping_a_key_is_the_text_of_the_tree_without_it(tree: object) -> None:
     assert json_text(tree, indent=2, drop_key="value") == json.dumps(without_values(tree), indent=2)
     assert json_text(tree, indent=None, drop_key="value") == json.dumps(without_values(tree))
+
+
+@settings(max_examples=200, deadline=None)
+@given(tree=trace_like)
+def test_the_pair_of_texts_is_the_text_and_the_text_without_the_key(tree: object) -> None:
+    text, stripped = json_text_pair(tree, drop_key="value")
+    assert text == json.dumps(tree, indent=2)
+    assert stripped == json.dumps(without_values(tree), indent=2)
+
+
+def test_write_json_pair_writes_both_files_and_nothing_when_it_cannot_serialize(tmp_path: Path) -> None:
+    tree = {"inputs": {"args": [{"shape": "torch.Size([2])", "value": "./a.safetensors"}]}, "module_path": "M"}
+    write_json_pair(tmp_path / "full.json", tmp_path / "summary.json", tree, drop_key="value")
+    assert json.loads((tmp_path / "full.json").read_text()) == tree
+    assert (tmp_path / "summary.json").read_text() == json.dumps(without_values(tree), indent=2)
+    with pytest.raises(TypeError):
+        write_json_pair(tmp_path / "a.json", tmp_path / "b.json", {"x": object()}, drop_key="value")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["full.json", "summary.json"]
 
 
 def test_json_text_of_a_trace_like_tree_and_its_failures() -> None:
@@ -182,6 +201,16 @@ def test_buffers_reused_across_sizes_dtypes_and_layouts_give_fresh_results() -> 
         shared = tensor_stats(t, buffers=buffers)
         assert shared == tensor_stats(t)
         assert_close_to_reference(shared, t)
+
+
+def test_sums_that_overflow_float32_are_redone_in_float64() -> None:
+    lowest = torch.finfo(torch.float32).min
+    mask = torch.full((6, 6), lowest).triu(1)  # an additive attention mask: 15 x lowest, 21 zeros
+    got = tensor_stats(mask)
+    assert got["mean"] == pytest.approx(15 * lowest / 36, rel=1e-12)
+    assert got["abs_mean"] == pytest.approx(-15 * lowest / 36, rel=1e-12)
+    assert got["std"] == pytest.approx(float(mask.double().std()), rel=1e-9)
+    assert (got["zeros"], got["min"], got["max"]) == (21, lowest, 0.0)
 
 
 def test_buffers_stay_bounded_by_the_chunk_size() -> None:

@@ -74,19 +74,43 @@ class Encoder:
         self.dtypes: set[str] = set()
         self._seen: dict[int, tuple[weakref.ref[torch.Tensor], int, dict[str, Any]]] = {}
         self._stats_buffers = StatsBuffers()
+        self._unwritten: list[tuple[Path, torch.Tensor, dict[str, Any]]] = []
 
     def encode(self, value: Any, name: str) -> Any:
+        """The JSON of ``value``; its payloads are all written when this returns.
+
+        The statistics of every tensor in ``value`` are computed first and the
+        payloads written after: torch's worker threads, still awake from the
+        forward, then serve all the statistics, instead of being woken after
+        each file write.
+        """
+        try:
+            encoded = self._encode(value, name)
+            while self._unwritten:
+                path, tensor, _ = self._unwritten[0]
+                self.payload_bytes += write_tensor_file(path, tensor)
+                self.files += 1
+                del self._unwritten[0]
+        except BaseException:
+            unwritten = {id(entry) for _, _, entry in self._unwritten}
+            for key in [k for k, seen in self._seen.items() if id(seen[2]) in unwritten]:
+                del self._seen[key]  # never point a later tensor to a payload that was not written
+            self._unwritten.clear()
+            raise
+        return encoded
+
+    def _encode(self, value: Any, name: str) -> Any:
         if isinstance(value, torch.Tensor):
             return self._tensor(value, name)
         if is_json_safe(value):
             return {"py_type": type(value).__name__, "py_value": _as_json(value)}
         if isinstance(value, (list, tuple)):
-            return [self.encode(item, f"{name}_{i}") for i, item in enumerate(value)]
+            return [self._encode(item, f"{name}_{i}") for i, item in enumerate(value)]
         if isinstance(value, dict):
-            return {str(key): self.encode(item, f"{name}_{key}") for key, item in value.items()}
+            return {str(key): self._encode(item, f"{name}_{key}") for key, item in value.items()}
         if dataclasses.is_dataclass(value) and not isinstance(value, type):
             fields = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
-            return {key: self.encode(item, f"{name}_{key}") for key, item in fields.items()}
+            return {key: self._encode(item, f"{name}_{key}") for key, item in fields.items()}
         return {"py_type": type(value).__name__, "repr": sanitize_repr(repr(value))}
 
     def _tensor(self, value: torch.Tensor, name: str) -> dict[str, Any]:
@@ -116,9 +140,8 @@ class Encoder:
         if self.tensors == "full":
             tensor = tensor.contiguous()  # one copy at most, shared by the payload and the statistics
             file_name = _UNSAFE_FILE_CHARS.sub("_", name) + ".safetensors"
-            self.payload_bytes += write_tensor_file(self.folder / file_name, tensor)
             stats = tensor_stats(tensor, buffers=self._stats_buffers)
-            self.files += 1
+            self._unwritten.append((self.folder / file_name, tensor, entry))
             entry["value"] = f"./{file_name}"
         else:
             if self.tensors == "repr":

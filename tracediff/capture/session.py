@@ -46,7 +46,7 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from .._io import ensure_writable_dir, write_json
+from .._io import ensure_writable_dir, write_json, write_json_pair
 from .._version import __version__
 from ..errors import OutputDirError, TracediffError, UsageError
 from ._patch import ForwardPatch
@@ -412,8 +412,8 @@ def _finish(
             if options["prune_layers"]:
                 prune_intermediate_layers(tree)
             full, summary = trace_file_names(recorder.model_name)
-            write_json(session.trace_dir / full, tree)
-            write_json(session.trace_dir / summary, tree, drop_key="value")  # without_values(), uncopied
+            # SUMMARY is the tree without_values(), written without copying it (one text when no payloads)
+            write_json_pair(session.trace_dir / full, session.trace_dir / summary, tree, drop_key="value")
     except TracediffError as e:
         if recorder.failure is None:
             recorder.failure = e

@@ -107,9 +107,10 @@ def _float_stats(t: torch.Tensor, n: int, buffers: StatsBuffers) -> dict[str, An
         total, squares, abs_total = math.fsum(values[2::6]), math.fsum(values[3::6]), math.fsum(values[4::6])
         zeros = n - round(math.fsum(values[5::6]))
         largest = max(abs(min(lows)), abs(max(highs)))
-        if not (math.isfinite(total) and math.isfinite(squares)) or (largest and squares < _SQUARES_FLOOR):
-            # float32 squares overflow above ~1.8e19 and underflow below ~1e-19: redo the sums in float64.
-            total, squares = _float64_sums(flat)
+        if not math.isfinite(total + squares + abs_total) or (largest and squares < _SQUARES_FLOOR):
+            # float32 squares overflow above ~1.8e19 and underflow below ~1e-19 (and sums of values near
+            # float32's max overflow too): redo the sums in float64.
+            total, squares, abs_total = _float64_sums(flat)
         mean = total / n
         var = (squares - total * total / n) / (n - 1) if n > 1 else math.nan
         return {
@@ -120,13 +121,15 @@ def _float_stats(t: torch.Tensor, n: int, buffers: StatsBuffers) -> dict[str, An
     return _non_finite_stats(flat if flat.dtype in _NATIVE else flat.float(), n)
 
 
-def _float64_sums(flat: torch.Tensor) -> tuple[float, float]:
-    total = squares = 0.0
+def _float64_sums(flat: torch.Tensor) -> tuple[float, float, float]:
+    """Sum, sum of squares and sum of absolute values, accumulated in float64 (rarely needed, so not fast)."""
+    total = squares = abs_total = 0.0
     for start in range(0, flat.numel(), CHUNK):
         x = flat[start:start + CHUNK].double()
         total += float(x.sum())
         squares += float(torch.dot(x, x))
-    return total, squares
+        abs_total += float(x.abs().sum())
+    return total, squares, abs_total
 
 
 def _non_finite_stats(flat: torch.Tensor, n: int) -> dict[str, Any]:
@@ -177,6 +180,8 @@ def _dtype_suffix(dtype: torch.dtype) -> str:
 
 def _scalar_body(value: float | int) -> str:
     v = float(value)
+    if v and v - v == 0:  # finite and non-zero: the common case first
+        return f"tensor({v:.4e}"
     if math.isnan(v):
         return "tensor(nan"
     if math.isinf(v):
