@@ -375,7 +375,6 @@ def test_rejects_unknown_tensor_mode(tmp_path: Path) -> None:
     assert not tmp_path.joinpath("tracediff_metadata.json").exists()
 
 
-@pytest.mark.xfail(strict=True, reason="encode.py maps 'a b' and 'a_b' to one file name; the second overwrites it")
 def test_keys_that_sanitize_to_the_same_file_name_keep_their_own_payloads(tmp_path: Path) -> None:
     class TwoKeys(nn.Module):
         def forward(self, x: torch.Tensor) -> dict[str, torch.Tensor]:

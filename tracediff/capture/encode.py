@@ -73,6 +73,7 @@ class Encoder:
         self.devices: set[str] = set()
         self.dtypes: set[str] = set()
         self._seen: dict[int, tuple[weakref.ref[torch.Tensor], int, dict[str, Any]]] = {}
+        self._file_stems: set[str] = set()
         self._stats_buffers = StatsBuffers()
         self._unwritten: list[tuple[Path, torch.Tensor, dict[str, Any]]] = []
 
@@ -131,6 +132,16 @@ class Encoder:
         self._seen[key] = (weakref.ref(value, lambda _ref, key=key: self._seen.pop(key, None)), value._version, entry)
         return entry
 
+    def _unique_file_name(self, name: str) -> str:
+        """``{name}.safetensors`` made file-safe; ``{name}~{k}`` when two names sanitize alike."""
+        stem = base = _UNSAFE_FILE_CHARS.sub("_", name)
+        k = 0
+        while stem in self._file_stems:
+            k += 1
+            stem = f"{base}~{k}"
+        self._file_stems.add(stem)
+        return f"{stem}.safetensors"
+
     def _describe(self, tensor: torch.Tensor, name: str) -> dict[str, Any]:
         dtype = tensor.dtype
         device = str(tensor.device)
@@ -139,7 +150,7 @@ class Encoder:
         entry: dict[str, Any] = {"shape": repr(tensor.shape), "dtype": repr(dtype)}
         if self.tensors == "full":
             tensor = tensor.contiguous()  # one copy at most, shared by the payload and the statistics
-            file_name = _UNSAFE_FILE_CHARS.sub("_", name) + ".safetensors"
+            file_name = self._unique_file_name(name)
             stats = tensor_stats(tensor, buffers=self._stats_buffers)
             self._unwritten.append((self.folder / file_name, tensor, entry))
             entry["value"] = f"./{file_name}"
