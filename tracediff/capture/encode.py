@@ -53,11 +53,12 @@ def is_json_safe(value: Any, depth: int = 0) -> bool:
     return False
 
 
-def _as_json(value: Any) -> Any:
+def as_json(value: Any) -> Any:
+    """A JSON-safe value with tuples as lists (for values ``is_json_safe`` accepted)."""
     if isinstance(value, (list, tuple)):
-        return [_as_json(item) for item in value]
+        return [as_json(item) for item in value]
     if isinstance(value, dict):
-        return {k: _as_json(v) for k, v in value.items()}
+        return {k: as_json(v) for k, v in value.items()}
     return value
 
 
@@ -104,7 +105,7 @@ class Encoder:
         if isinstance(value, torch.Tensor):
             return self._tensor(value, name)
         if is_json_safe(value):
-            return {"py_type": type(value).__name__, "py_value": _as_json(value)}
+            return {"py_type": type(value).__name__, "py_value": as_json(value)}
         if isinstance(value, (list, tuple)):
             return [self._encode(item, f"{name}_{i}") for i, item in enumerate(value)]
         if isinstance(value, dict):

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from ..capture.encode import is_json_safe
+from ..capture.encode import as_json, is_json_safe
 from .hashing import bytes_hash, dtype_name, tensor_hash
 from .tensor_stats import tensor_stats
 
@@ -55,7 +55,7 @@ def value_entry(value: Any) -> dict[str, Any]:
     if isinstance(value, torch.Tensor):
         return tensor_entry(value, ())
     if is_json_safe(value):
-        return {"py_type": type(value).__name__, "value": _as_json(value)}
+        return {"py_type": type(value).__name__, "value": as_json(value)}
     try:
         text = repr(value)
     except Exception as e:  # noqa: BLE001
@@ -78,14 +78,6 @@ def entry_identity(entry: dict[str, Any] | None) -> str | None:
     if "value" in entry:
         return "value:" + json.dumps([entry.get("py_type"), entry["value"]], sort_keys=True)
     return "error:" + str(entry.get("error"))
-
-
-def _as_json(value: Any) -> Any:
-    if isinstance(value, (list, tuple)):
-        return [_as_json(item) for item in value]
-    if isinstance(value, dict):
-        return {k: _as_json(v) for k, v in value.items()}
-    return value
 
 
 def batch_entries(batch: Any, stats: Collection[str]) -> tuple[Any, dict[str, dict[str, Any]]]:
