@@ -8,10 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from ..._io import write_json
-from ...align import align
-from ...align.matching import load_rename_file
-from ...align.tolerance import parse_cli_tolerances
 from ...render.alignment import render_csv, render_json, render_markdown, render_table
+from .._alignment_options import add_alignment_options, run_alignment
 from .._output import add_output_options, emit
 
 EXAMPLE = """examples:
@@ -29,13 +27,7 @@ def register(sub: Any) -> None:
                        description="Compare trace B (the port) against reference trace A and report the first "
                                    "diverging tensor in execution order.",
                        epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("a", metavar="A", help="reference trace folder (or its JSON file)")
-    p.add_argument("b", metavar="B", help="trace folder to check")
-    p.add_argument("--atol", action="append", metavar="F|PATTERN=F",
-                   help="absolute tolerance, global or per module-path glob (repeatable)")
-    p.add_argument("--rtol", action="append", metavar="F|PATTERN=F",
-                   help="relative tolerance, global or per module-path glob (repeatable)")
-    p.add_argument("--map", metavar="FILE", help='rename rules for A\'s paths: {"rename": [[regex, repl], ...]}')
+    add_alignment_options(p)
     p.add_argument("--suggest-map", metavar="FILE", help="write the rename rules inferred by structural matching")
     add_output_options(p, ["table", "json", "csv", "markdown", "html"])
     p.add_argument("--all", action="store_true", help="show every row in table/markdown output")
@@ -43,16 +35,12 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    rename = load_rename_file(args.map) if args.map else None
-    result = align(args.a, args.b, atol=parse_cli_tolerances(args.atol, "atol"),
-                   rtol=parse_cli_tolerances(args.rtol, "rtol"), rename=rename, progress=True)
+    result = run_alignment(args, "align")
     if args.suggest_map:
         write_json(Path(args.suggest_map), {"rename": [list(rule) for rule in result.suggested_rename]})
         if not result.suggested_rename:
             print(f"tracediff align: module paths lined up by name; {args.suggest_map} has no rules",
                   file=sys.stderr)
-    for warning in result.warnings:
-        print(f"tracediff align: warning: {warning}", file=sys.stderr)
     emit(_render(result, args), args.output)
     return 0 if result.passed else 1
 

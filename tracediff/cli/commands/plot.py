@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Any
 
-from ...align import align
-from ...align.matching import load_rename_file
-from ...align.tolerance import parse_cli_tolerances
+from .._alignment_options import add_alignment_options, run_alignment
 from ...render.plot import check_plot_target, plot_alignment
 
 EXAMPLE = """examples:
@@ -27,25 +24,15 @@ def register(sub: Any) -> None:
     p = sub.add_parser("plot", help="draw the error of every tensor along execution order (PNG/SVG/PDF)",
                        description="Align trace B against reference trace A and draw the error-growth plot.",
                        epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("a", metavar="A", help="reference trace folder (or its JSON file)")
-    p.add_argument("b", metavar="B", help="trace folder to check")
+    add_alignment_options(p)
     p.add_argument("--output", "-o", required=True, metavar="FILE", help="image to write: .png, .svg or .pdf")
-    p.add_argument("--atol", action="append", metavar="F|PATTERN=F",
-                   help="absolute tolerance, global or per module-path glob (repeatable)")
-    p.add_argument("--rtol", action="append", metavar="F|PATTERN=F",
-                   help="relative tolerance, global or per module-path glob (repeatable)")
-    p.add_argument("--map", metavar="FILE", help='rename rules for A\'s paths: {"rename": [[regex, repl], ...]}')
     p.add_argument("--title", help="plot title (default: the two model names and the verdict)")
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     check_plot_target(args.output)  # fail before the alignment work when matplotlib is missing
-    rename = load_rename_file(args.map) if args.map else None
-    result = align(args.a, args.b, atol=parse_cli_tolerances(args.atol, "atol"),
-                   rtol=parse_cli_tolerances(args.rtol, "rtol"), rename=rename, progress=True)
-    for warning in result.warnings:
-        print(f"tracediff plot: warning: {warning}", file=sys.stderr)
+    result = run_alignment(args, "plot")
     path = plot_alignment(result, args.output, title=args.title)
     first = result.first_divergence
     found = f"first divergence: {first.module_path_b} {first.tensor}" if first is not None else \
