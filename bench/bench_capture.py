@@ -196,7 +196,7 @@ def distinct_tensors(model: torch.nn.Module, input_ids: torch.Tensor) -> list[to
 def floor_measures(tensors: list[torch.Tensor], root: Path) -> dict[str, tuple[str, Callable[[], tuple[float, int, int]]]]:
     """What no capture can beat: writing the tensors to fresh files, and computing their statistics."""
     from tracediff._io import write_tensor_file
-    from tracediff.capture.stats import StatsBuffers, tensor_stats
+    from tracediff.capturing.stats import StatsBuffers, tensor_stats
 
     total = sum(t.numel() * t.element_size() for t in tensors)
 

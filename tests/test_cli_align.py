@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.align.helpers import (
+from tests.alignment.helpers import (
     RENAME_RULES,
     TraceStore,
     copy_trace,

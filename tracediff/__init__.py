@@ -10,11 +10,20 @@ Capture both implementations, then align the traces::
         port(x)
     result = tracediff.align("traces/orig", "traces/port", atol=1e-5)
     print(result.first_divergence)
+
+The implementations live in subpackages whose names do not collide with the
+public functions: :mod:`tracediff.capturing`, :mod:`tracediff.alignment`,
+:mod:`tracediff.trace`, :mod:`tracediff.steps`. ``import tracediff`` is light:
+each public name below is imported on first use (PEP 562), so the command
+line starts without torch or pandas.
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from ._version import __version__
-from .align import Alignment, ArgumentDiff, TensorComparison, Unmatched, align, assert_traces_close
-from .capture import CaptureSession, Verification, capture, model_addition_debugger_context
 from .errors import (
     CaptureSpecError,
     InputsFileError,
@@ -25,30 +34,53 @@ from .errors import (
     UnsafePathError,
     UsageError,
 )
-from .steps import StepComparison, StepDivergence, StepRecorder, StepSummary, compare_steps
-from .trace import Node, TensorRecord, Trace, load_trace
+
+# public name -> module that defines it
+_LAZY = {
+    "capture": "capturing",
+    "CaptureSession": "capturing",
+    "Verification": "capturing",
+    "model_addition_debugger_context": "capturing",
+    "load_trace": "trace",
+    "Trace": "trace",
+    "Node": "trace",
+    "TensorRecord": "trace",
+    "align": "alignment",
+    "assert_traces_close": "alignment",
+    "Alignment": "alignment",
+    "TensorComparison": "alignment",
+    "Unmatched": "alignment",
+    "ArgumentDiff": "alignment",
+    "StepRecorder": "steps",
+    "compare_steps": "steps",
+    "StepComparison": "steps",
+    "StepDivergence": "steps",
+    "StepSummary": "steps",
+}
+
+if TYPE_CHECKING:
+    from .alignment import Alignment, ArgumentDiff, TensorComparison, Unmatched, align, assert_traces_close
+    from .capturing import CaptureSession, Verification, capture, model_addition_debugger_context
+    from .steps import StepComparison, StepDivergence, StepRecorder, StepSummary, compare_steps
+    from .trace import Node, TensorRecord, Trace, load_trace
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'tracediff' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = [
     "__version__",
-    "capture",
-    "CaptureSession",
-    "Verification",
-    "model_addition_debugger_context",
-    "load_trace",
-    "Trace",
-    "Node",
-    "TensorRecord",
-    "align",
-    "assert_traces_close",
-    "Alignment",
-    "TensorComparison",
-    "Unmatched",
-    "ArgumentDiff",
-    "StepRecorder",
-    "compare_steps",
-    "StepComparison",
-    "StepDivergence",
-    "StepSummary",
+    *_LAZY,
     "TracediffError",
     "TraceFormatError",
     "UnsafePathError",

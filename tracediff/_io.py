@@ -10,41 +10,49 @@ bytes are identical to what ``save_file`` writes.
 from __future__ import annotations
 
 import errno
+import functools
 import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from ._json_text import json_text, json_text_pair
 from .errors import OutputDirError, PayloadError, UnsafePathError
 
-_DTYPE_CODES: dict[torch.dtype, str] = {
-    torch.float64: "F64",
-    torch.float32: "F32",
-    torch.float16: "F16",
-    torch.bfloat16: "BF16",
-    torch.int64: "I64",
-    torch.int32: "I32",
-    torch.int16: "I16",
-    torch.int8: "I8",
-    torch.uint8: "U8",
-    torch.bool: "BOOL",
-    torch.complex64: "C64",
-}
-for _name, _code in [
-    ("float8_e4m3fn", "F8_E4M3"),
-    ("float8_e5m2", "F8_E5M2"),
-    ("float8_e4m3fnuz", "F8_E4M3FNUZ"),
-    ("float8_e5m2fnuz", "F8_E5M2FNUZ"),
-    ("uint16", "U16"),
-    ("uint32", "U32"),
-    ("uint64", "U64"),
-]:
-    if hasattr(torch, _name):
-        _DTYPE_CODES[getattr(torch, _name)] = _code
+if TYPE_CHECKING:
+    import torch
+
+@functools.lru_cache(maxsize=1)
+def _dtype_codes() -> dict[torch.dtype, str]:
+    """safetensors' dtype codes by torch dtype (built on first use: torch is imported lazily)."""
+    import torch
+
+    codes = {
+        torch.float64: "F64",
+        torch.float32: "F32",
+        torch.float16: "F16",
+        torch.bfloat16: "BF16",
+        torch.int64: "I64",
+        torch.int32: "I32",
+        torch.int16: "I16",
+        torch.int8: "I8",
+        torch.uint8: "U8",
+        torch.bool: "BOOL",
+        torch.complex64: "C64",
+    }
+    for name, code in [
+        ("float8_e4m3fn", "F8_E4M3"),
+        ("float8_e5m2", "F8_E5M2"),
+        ("float8_e4m3fnuz", "F8_E4M3FNUZ"),
+        ("float8_e5m2fnuz", "F8_E5M2FNUZ"),
+        ("uint16", "U16"),
+        ("uint32", "U32"),
+        ("uint64", "U64"),
+    ]:
+        if hasattr(torch, name):
+            codes[getattr(torch, name)] = code
+    return codes
 
 
 def tensor_bytes(tensor: torch.Tensor) -> memoryview:
@@ -55,6 +63,8 @@ def tensor_bytes(tensor: torch.Tensor) -> memoryview:
     t = t.contiguous()
     if t.numel() == 0:
         return memoryview(b"")
+    import torch
+
     return memoryview(t.reshape(-1).view(torch.uint8).numpy())
 
 
@@ -64,7 +74,7 @@ def write_tensor_file(path: str | os.PathLike[str], tensor: torch.Tensor) -> int
     Returns the number of payload bytes written. Raises ``OutputDirError``
     naming the file when the disk is full or the location is not writable.
     """
-    code = _DTYPE_CODES.get(tensor.dtype)
+    code = _dtype_codes().get(tensor.dtype)
     if code is None:
         raise PayloadError(f"{path}: dtype {tensor.dtype} cannot be stored in safetensors")
     data = tensor_bytes(tensor)

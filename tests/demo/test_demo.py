@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import tracediff
-from tracediff.align.matching import apply_rename
+from tracediff.alignment.matching import apply_rename
 from tracediff.cli.main import main
 from tracediff.demo import BUG_MODULE, RENAME_RULES, DemoResult, run_demo
 from tracediff.demo.models import build_reference, example_tokens, port_from_reference

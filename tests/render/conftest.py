@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tracediff.align.result import Alignment
+from tracediff.alignment.result import Alignment
 from tracediff.demo import DemoResult, run_demo
 
 

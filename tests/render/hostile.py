@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from tracediff.align.result import Alignment, ArgumentDiff, Unmatched
+from tracediff.alignment.result import Alignment, ArgumentDiff, Unmatched
 
 # Module names can hold anything; each of these runs script if inserted as HTML or breaks out of the JSON block.
 PAYLOADS = (

@@ -16,7 +16,7 @@ import pytest
 from tests.render.browser import Browser, find_chromium
 from tests.render.hostile import PAYLOADS, hostile, scaled
 from tests.render.test_html import _decoded_rows, _embedded
-from tracediff.align.result import Alignment
+from tracediff.alignment.result import Alignment
 from tracediff.demo import DemoResult
 from tracediff.render.html import render_html
 

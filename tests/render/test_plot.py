@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tracediff.align.result import Alignment
+from tracediff.alignment.result import Alignment
 from tracediff.cli.main import main
 from tracediff.demo import DemoResult
 from tracediff.errors import UsageError

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.align.helpers import TraceStore, trace_store
+from tests.alignment.helpers import TraceStore, trace_store
 
 
 @pytest.fixture(scope="session")

@@ -11,7 +11,7 @@ import safetensors
 import torch
 
 import tracediff
-from tests.align.helpers import (
+from tests.alignment.helpers import (
     INPUT_IDS,
     TraceStore,
     copy_trace,

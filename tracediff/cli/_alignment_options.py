@@ -5,7 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..align import Alignment, align
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..alignment import Alignment
 
 
 def add_alignment_options(parser: argparse.ArgumentParser) -> None:
@@ -21,8 +24,9 @@ def add_alignment_options(parser: argparse.ArgumentParser) -> None:
 
 def run_alignment(args: argparse.Namespace, command: str) -> Alignment:
     """``tracediff.align`` with the shared options; warnings go to stderr."""
-    from ..align.matching import load_rename_file
-    from ..align.tolerance import parse_cli_tolerances
+    from ..alignment import align
+    from ..alignment.matching import load_rename_file
+    from ..alignment.tolerance import parse_cli_tolerances
 
     rename = load_rename_file(args.map) if args.map else None
     result = align(args.a, args.b, atol=parse_cli_tolerances(args.atol, "atol"),

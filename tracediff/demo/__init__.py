@@ -28,8 +28,8 @@ from pathlib import Path
 import torch
 
 from .._io import write_json, write_text
-from ..align import Alignment, align
-from ..capture import capture
+from ..alignment import Alignment, align
+from ..capturing import capture
 from ..errors import OutputDirError
 from .models import BUG_MODULE, RENAME_RULES, build_reference, example_tokens, port_from_reference
 

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..align.matching import apply_rename
+from ..alignment.matching import apply_rename
 
 VOCAB = 97
 DIM = 32

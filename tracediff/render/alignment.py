@@ -12,7 +12,7 @@ from typing import Any
 
 from tabulate import tabulate
 
-from ..align.result import Alignment, TensorComparison
+from ..alignment.result import Alignment, TensorComparison
 
 _SHOWN = ["order", "module_path_b", "tensor", "shape_b", "dtype_b", "max_abs_err", "max_rel_err", "cosine",
           "mismatch_fraction", "status", "origin"]

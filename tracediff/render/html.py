@@ -31,7 +31,7 @@ from importlib import resources
 from typing import Any
 
 from .._version import __version__
-from ..align.result import TABLE_COLUMNS, Alignment, TensorComparison
+from ..alignment.result import TABLE_COLUMNS, Alignment, TensorComparison
 
 _LIST_LIMIT = 1000
 _VALUE_CHARS = 200

@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from ..align.result import Alignment
+from ..alignment.result import Alignment
 from ..errors import OutputDirError, UsageError
 
 _FORMATS = {".png": "png", ".svg": "svg", ".pdf": "pdf"}

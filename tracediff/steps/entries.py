@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from ..capture.encode import as_json, is_json_safe
+from ..capturing.encode import as_json, is_json_safe
 from .hashing import bytes_hash, dtype_name, tensor_hash
 from .tensor_stats import tensor_stats
 

@@ -55,7 +55,7 @@ import torch
 from torch import nn
 
 from .._io import write_json
-from ..capture.distributed import current_rank, world_size
+from ..capturing.distributed import current_rank, world_size
 from ..errors import TracediffError, UsageError
 from .entries import batch_entries, error_entry, tensor_entry
 from .environment import environment_variables, installed_packages, system_info

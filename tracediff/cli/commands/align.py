@@ -7,9 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..._io import write_json
-from ...render.alignment import render_csv, render_json, render_markdown, render_table
-from .._alignment_options import add_alignment_options, run_alignment
+from .._alignment_options import add_alignment_options
 from .._output import add_output_options, emit
 
 EXAMPLE = """examples:
@@ -35,6 +33,10 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..._io import write_json
+
+    from .._alignment_options import run_alignment
+
     result = run_alignment(args, "align")
     if args.suggest_map:
         write_json(Path(args.suggest_map), {"rename": [list(rule) for rule in result.suggested_rename]})
@@ -46,6 +48,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _render(result: Any, args: argparse.Namespace) -> str:
+    from ...render.alignment import render_csv, render_json, render_markdown, render_table
+
     if args.format == "json":
         return render_json(result)
     if args.format == "csv":

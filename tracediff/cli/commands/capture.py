@@ -6,7 +6,6 @@ import argparse
 import sys
 from typing import Any
 
-from ...capture.spec import capture_spec
 
 EXAMPLE = """example:
   tracediff capture my_port.py:build --out traces/port --inputs inputs.safetensors
@@ -39,6 +38,8 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ...capturing.spec import capture_spec
+
     session = capture_spec(args.spec, args.out, inputs=args.inputs, save_inputs_to=args.save_inputs,
                            tensors=args.tensors, overwrite=args.overwrite, verify=args.verify,
                            prune_layers=args.prune_layers, backward=args.backward, progress=True)

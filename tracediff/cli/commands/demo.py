@@ -7,8 +7,6 @@ import shlex
 import sys
 from typing import Any
 
-from ...demo import run_demo
-from ...render.alignment import headline
 
 EXAMPLE = """examples:
   tracediff demo
@@ -35,6 +33,9 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ...demo import run_demo
+    from ...render.alignment import headline
+
     demo = run_demo(args.out, overwrite=args.overwrite)
     ref, port, rename, report = (shlex.quote(str(p)) for p in (demo.reference_trace, demo.port_trace,
                                                                demo.rename_map, demo.report))

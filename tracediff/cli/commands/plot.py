@@ -5,8 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from .._alignment_options import add_alignment_options, run_alignment
-from ...render.plot import check_plot_target, plot_alignment
+from .._alignment_options import add_alignment_options
 
 EXAMPLE = """examples:
   tracediff plot traces/orig traces/port -o errors.png
@@ -31,6 +30,10 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ...render.plot import check_plot_target, plot_alignment
+
+    from .._alignment_options import run_alignment
+
     check_plot_target(args.output)  # fail before the alignment work when matplotlib is missing
     result = run_alignment(args, "plot")
     path = plot_alignment(result, args.output, title=args.title)

@@ -5,8 +5,6 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ...render.tree import render_csv, render_json, render_tree
-from ...show import show_trace
 from .._output import add_output_options, emit
 
 EXAMPLE = """examples:
@@ -45,6 +43,9 @@ def _depth(text: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ...render.tree import render_csv, render_json, render_tree
+    from ...show import show_trace
+
     view = show_trace(args.trace, path=args.path, depth=args.depth)
     render = {"json": render_json, "csv": render_csv}.get(args.format, render_tree)
     emit(render(view), args.output)

@@ -5,8 +5,6 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ...render.steps import render_steps
-from ...steps.compare import compare_steps
 from .._output import add_output_options, emit
 
 EXAMPLE = """example:
@@ -38,6 +36,9 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ...render.steps import render_steps
+    from ...steps.compare import compare_steps
+
     result = compare_steps(args.run_a, args.run_b, atol=args.atol, rtol=args.rtol)
     emit(render_steps(result, args.format), args.output)
     return 0 if result.passed else 1

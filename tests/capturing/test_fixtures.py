@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.capture.helpers import files, nodes, payload, payload_fingerprint, tensor_entries, trace_json
+from tests.capturing.helpers import files, nodes, payload, payload_fingerprint, tensor_entries, trace_json
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 

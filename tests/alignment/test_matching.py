@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.align.helpers import RENAME_RULES, TraceStore
+from tests.alignment.helpers import RENAME_RULES, TraceStore
 from tracediff import TraceFormatError, Unmatched, UsageError, align, load_trace
-from tracediff.align.matching import (
+from tracediff.alignment.matching import (
     apply_rename,
     check_rename,
     load_rename_file,

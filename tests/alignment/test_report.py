@@ -9,10 +9,10 @@ import torch
 from torch import nn
 
 import tracediff
-from tests.align.helpers import TraceStore
+from tests.alignment.helpers import TraceStore
 from tracediff import Alignment, align, assert_traces_close, load_trace
 
-# The columns documented in tracediff/align/result.py, in that order.
+# The columns documented in tracediff/alignment/result.py, in that order.
 DOCUMENTED_COLUMNS = [
     "order", "module_path_a", "module_path_b", "call_index", "call_index_b", "tensor", "tensor_a", "shape_a",
     "shape_b", "dtype_a", "dtype_b", "max_abs_err", "max_rel_err", "mean_abs_err", "rms_err", "cosine",

@@ -13,11 +13,11 @@ A short tour::
 
 1. Both traces are loaded (:func:`tracediff.load_trace`); payloads stay on disk.
 2. Nodes are matched by path and call index, with rename rules, or by
-   structure when names do not line up (:mod:`tracediff.align.matching`).
+   structure when names do not line up (:mod:`tracediff.alignment.matching`).
 3. Each matched tensor pair is compared, one pair in memory at a time, from
    payloads when both sides have them and from recorded statistics otherwise
    (rows marked ``approximate``), under the tolerance of
-   :mod:`tracediff.align.tolerance`.
+   :mod:`tracediff.alignment.tolerance`.
 4. Rows are ordered by B's execution order; the first row out of tolerance is
    the first divergence, and ``origin`` tells whether the module introduced
    the error or inherited it from its inputs.

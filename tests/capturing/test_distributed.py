@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.capture.helpers import files, find, metadata, payload, trace_json
+from tests.capturing.helpers import files, find, metadata, payload, trace_json
 
 pytestmark = pytest.mark.slow
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import tracediff
-from tests.capture.helpers import files, nodes, payload_fingerprint, trace_json
+from tests.capturing.helpers import files, nodes, payload_fingerprint, trace_json
 from tests.models import HF_BUILDERS, Chain, SharedLoop, seeded, toy_input
 
 transformers = pytest.importorskip("transformers")

@@ -1,7 +1,7 @@
 """Align: compare two traces and report where they first diverge.
 
-See :mod:`tracediff.align.engine` for a tour, :mod:`tracediff.align.metrics`
-for the metric definitions and :mod:`tracediff.align.tolerance` for the pass
+See :mod:`tracediff.alignment.engine` for a tour, :mod:`tracediff.alignment.metrics`
+for the metric definitions and :mod:`tracediff.alignment.tolerance` for the pass
 rule's defaults and overrides.
 """
 

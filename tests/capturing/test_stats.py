@@ -14,9 +14,9 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import array_shapes, arrays
 
 import tracediff
-from tests.capture.helpers import payload, trace_json
+from tests.capturing.helpers import payload, trace_json
 from tests.models import EmitAll
-from tracediff.capture.stats import format_scalar, tensor_stats
+from tracediff.capturing.stats import format_scalar, tensor_stats
 
 FLOAT8 = [getattr(torch, name) for name in ("float8_e4m3fn", "float8_e5m2") if hasattr(torch, name)]
 FLOATS = [torch.float32, torch.float16, torch.bfloat16, torch.float64, *FLOAT8]

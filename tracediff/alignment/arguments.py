@@ -13,7 +13,7 @@ from typing import Any
 
 from deepdiff import DeepDiff
 
-from ..capture.compat import sanitize_repr
+from ..capturing.compat import sanitize_repr
 from ..trace.model import Node, ReprValue
 from .result import ArgumentDiff
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.align.helpers import run_cli
+from tests.alignment.helpers import run_cli
 from tracediff import align, load_trace
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"

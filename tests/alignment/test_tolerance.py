@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from tracediff import UsageError
-from tracediff.align.tolerance import TolerancePolicy, default_tolerance, parse_cli_tolerances
+from tracediff.alignment.tolerance import TolerancePolicy, default_tolerance, parse_cli_tolerances
 
-# (rtol, atol) of the table in tracediff/align/tolerance.py
+# (rtol, atol) of the table in tracediff/alignment/tolerance.py
 TABLE = {
     "torch.float64": (1e-7, 1e-7),
     "torch.float32": (1.3e-6, 1e-5),

@@ -246,7 +246,7 @@ def capture(
             local shard. Every rank then takes part in the gathers.
         backward: also record, for every module call, the gradients flowing
             into and out of it when ``backward()`` runs inside the block (see
-            :mod:`tracediff.capture.backward`).
+            :mod:`tracediff.capturing.backward`).
         progress: show a progress bar of module calls on stderr (only when
             stderr is a terminal).
 

@@ -10,7 +10,7 @@ tensor                 slot in B: ``inputs.args.0``, ``inputs.kwargs.x``,
                        ``outputs``, ``outputs.0``, ``outputs.logits``
                        (``tensor_a``: the slot in A when it differs)
 shape_a/_b, dtype_a/_b as recorded
-max_abs_err ...        see :mod:`tracediff.align.metrics`
+max_abs_err ...        see :mod:`tracediff.alignment.metrics`
 atol, rtol             the tolerance applied to this pair
 required_atol/_rtol    the smallest atol (rtol=0) / rtol (atol=0) that passes
 within_tolerance       True, False, or None when it could not be decided
@@ -78,6 +78,17 @@ class TensorComparison:
     input_err: float | None = None
     amplification: float | None = None
     origin: str | None = None
+    # noise floor from a baseline trace (see the verdicts in engine.py)
+    noise_floor: float | None = None
+    noise_ratio: float | None = None
+    growth: float | None = None
+    # how the pair was found (name, map, structure, layout) and the layout transform relating them
+    matched_by: str = "name"
+    transform: str | None = None
+    unrecorded: tuple[str, ...] = ()
+    # op rows (op-level capture): the qualified op name and its index inside the enclosing module call
+    op: str | None = None
+    op_index: int | None = None
 
     def __bool__(self) -> bool:
         return bool(self.within_tolerance)
@@ -90,6 +101,7 @@ class TensorComparison:
         out = asdict(self)
         out["shape_a"] = list(self.shape_a) if self.shape_a is not None else None
         out["shape_b"] = list(self.shape_b) if self.shape_b is not None else None
+        out["unrecorded"] = list(self.unrecorded)
         return out
 
     def describe(self) -> str:
@@ -152,6 +164,13 @@ class Alignment:
     suggested_rename: tuple[tuple[str, str], ...] = ()
     warnings: tuple[str, ...] = ()
     matched_nodes: int = 0
+    baseline: str | None = None
+    sources: tuple[TensorComparison, ...] = ()
+    ignored: tuple[TensorComparison, ...] = ()
+    unrecorded_a: tuple[str, ...] = ()
+    unrecorded_b: tuple[str, ...] = ()
+    incomplete_a: str | None = None
+    incomplete_b: str | None = None
 
     @property
     def passed(self) -> bool:
@@ -228,4 +247,11 @@ class Alignment:
             "argument_diffs": [d.to_dict() for d in self.argument_diffs],
             "suggested_rename": [list(rule) for rule in self.suggested_rename],
             "warnings": list(self.warnings),
+            "baseline": self.baseline,
+            "sources": [row.to_dict() for row in self.sources],
+            "ignored": [row.to_dict() for row in self.ignored],
+            "unrecorded_a": list(self.unrecorded_a),
+            "unrecorded_b": list(self.unrecorded_b),
+            "incomplete_a": self.incomplete_a,
+            "incomplete_b": self.incomplete_b,
         }

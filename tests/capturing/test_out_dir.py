@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 import tracediff
-from tests.capture.helpers import files, trace_json
+from tests.capturing.helpers import files, trace_json
 from tests.models import Chain, SharedLoop, seeded, toy_input
 
 

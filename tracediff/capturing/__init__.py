@@ -4,10 +4,10 @@ Two entry points write the standard trace of transformers' debugger:
 
 * ``tracediff.capture(model, out_dir)``: the native capture, with call
   indices, parent outputs, numeric statistics, typed arguments and metadata;
-  see :mod:`tracediff.capture.session`.
+  see :mod:`tracediff.capturing.session`.
 * ``tracediff.model_addition_debugger_context(model, debug_path)``: a drop-in
   for transformers' context manager with the same output;
-  see :mod:`tracediff.capture.compat`.
+  see :mod:`tracediff.capturing.compat`.
 """
 
 from .compat import model_addition_debugger_context

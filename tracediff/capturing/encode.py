@@ -2,7 +2,7 @@
 
 A tensor becomes a dict with transformers' string fields (``shape``,
 ``dtype``, ``value``, ``mean``, ``std``, ``min``, ``max``) plus ``stats``
-(numbers, see :mod:`tracediff.capture.stats`) and ``device``. ``value`` is
+(numbers, see :mod:`tracediff.capturing.stats`) and ``device``. ``value`` is
 ``./{name}.safetensors`` with ``tensors="full"``, the repr lines with
 ``"repr"``, and absent with ``"summary"``.
 

@@ -11,9 +11,9 @@ from torch import nn
 
 import tracediff
 from tests import models
-from tests.capture.helpers import metadata
+from tests.capturing.helpers import metadata
 from tests.models import Chain, GlobalCounter, WithDropout, WrapSensitive, seeded, toy_input
-from tracediff.capture.verify import compare_outputs
+from tracediff.capturing.verify import compare_outputs
 
 
 def test_identical_outputs_are_reported_identical(tiny_llama, tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 import tracediff
-from tests.capture.helpers import files, find, metadata, nodes, payload, tensor_entries, trace_json
+from tests.capturing.helpers import files, find, metadata, nodes, payload, tensor_entries, trace_json
 from tests.models import (
     Chain,
     Containers,

@@ -24,9 +24,9 @@ from safetensors.torch import save_file
 from tracediff import _io
 from tracediff._io import json_text, write_json, write_json_pair, write_tensor_file
 from tracediff._json_text import json_text_pair
-from tracediff.capture import stats as stats_module
-from tracediff.capture._tree import without_values
-from tracediff.capture.stats import StatsBuffers, tensor_stats
+from tracediff.capturing import stats as stats_module
+from tracediff.capturing._tree import without_values
+from tracediff.capturing.stats import StatsBuffers, tensor_stats
 from tracediff.errors import OutputDirError
 
 scalars = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=True, allow_infinity=True), st.text())

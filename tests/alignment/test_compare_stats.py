@@ -6,8 +6,8 @@ import math
 
 import torch
 
-from tracediff.align.compare import compare_stats
-from tracediff.capture.stats import tensor_stats
+from tracediff.alignment.compare import compare_stats
+from tracediff.capturing.stats import tensor_stats
 from tracediff.trace.load import parse_scalar
 from tracediff.trace.model import TensorRecord
 

@@ -13,11 +13,11 @@ import pytest
 import torch
 
 import tracediff
-from tests.align.helpers import RENAME_RULES, TraceStore, copy_trace, edit_json, json_node, trace_json_path
+from tests.alignment.helpers import RENAME_RULES, TraceStore, copy_trace, edit_json, json_node, trace_json_path
 from tracediff import Alignment, Unmatched, align, load_trace
-from tracediff.align.metrics import compare_tensors
-from tracediff.align.result import TensorComparison
-from tracediff.align.tolerance import default_tolerance
+from tracediff.alignment.metrics import compare_tensors
+from tracediff.alignment.result import TensorComparison
+from tracediff.alignment.tolerance import default_tolerance
 from tracediff.trace.load import parse_scalar
 
 

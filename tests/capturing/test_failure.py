@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import tracediff
-from tests.capture.helpers import files, find, metadata, nodes, payload, trace_json
+from tests.capturing.helpers import files, find, metadata, nodes, payload, trace_json
 from tests.models import CatchesInside, FailsInside, SharedLoop, seeded, toy_input
 
 
