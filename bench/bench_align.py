@@ -2,6 +2,7 @@
 
     python bench/bench_align.py                   # throughput on ~600 MB traces
     python bench/bench_align.py --memory          # also peak RSS for ~100 MB and ~1 GB traces
+    python bench/bench_align.py --cli             # also `tracediff align` end to end, one process per run
 
 Traces come from a Llama-shaped ``LlamaModel`` (hidden 512, intermediate 1536,
 8 layers, 8 heads, 4 KV heads, vocab 8000) run through
@@ -13,6 +14,10 @@ after the embedding differs). The page cache is warmed by reading every file
 once, then ``align`` runs ``--repeats`` times per pair; throughput is the
 bytes of both traces' payloads over the median time. Peak RSS is measured in
 a fresh process per size, next to the RSS of that process before aligning.
+
+``--cli`` times the whole command, ``tracediff align REF OTHER``, in a fresh
+process per run (start-up, imports, reading, comparing, rendering), next to
+``tracediff align --help`` (start-up alone), with each process's peak RSS.
 """
 
 from __future__ import annotations
@@ -75,6 +80,19 @@ def time_align(a: Path, b: Path, repeats: int) -> tuple[float, bool]:
     return statistics.median(times), passed
 
 
+def time_cli(argv: list[str], repeats: int) -> tuple[float, float, int]:
+    """Median seconds and the largest peak RSS (MB) of ``argv`` run as a fresh process, and its exit code."""
+    times, peaks, code = [], [], 0
+    for _ in range(repeats + 1):  # the first run warms the page cache of the interpreter and libraries
+        start = time.perf_counter()
+        child = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        _, status, usage = os.wait4(child.pid, 0)
+        times.append(time.perf_counter() - start)
+        peaks.append(usage.ru_maxrss / 1024)
+        code = os.waitstatus_to_exitcode(status)
+    return statistics.median(times[1:]), max(peaks[1:]), code
+
+
 def peak_rss_child(a: str, b: str) -> None:
     import tracediff  # noqa: F401  (imports torch, pandas: counted in the baseline)
 
@@ -100,6 +118,7 @@ def main() -> None:
     parser.add_argument("--size-mb", type=int, default=600, help="target payload size of one trace (MB)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--memory", action="store_true", help="also measure peak RSS at ~100 MB and ~1 GB")
+    parser.add_argument("--cli", action="store_true", help="also time `tracediff align` end to end")
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -118,6 +137,18 @@ def main() -> None:
         total = payload_bytes(here / "ref") + payload_bytes(here / pair)
         seconds, passed = time_align(here / "ref", here / pair, args.repeats)
         print(f"ref~{pair:<8}{total / 1e6:>10.0f}{seconds:>10.3f}{total / seconds / 1e9:>8.2f}  {passed}")
+
+    if args.cli:
+        tool = [sys.executable, "-m", "tracediff"]
+        print(f"\nend to end, one process per run ({' '.join(tool)} ...), median of {args.repeats}:")
+        print(f"{'command':<28}{'MB (A+B)':>10}{'median s':>10}{'GB/s':>8}{'peak RSS MB':>13}  exit")
+        seconds, peak, code = time_cli(tool + ["align", "--help"], args.repeats)
+        print(f"{'align --help (start-up)':<28}{'':>10}{seconds:>10.3f}{'':>8}{peak:>13.0f}  {code}")
+        for pair in ("same", "port"):
+            total = payload_bytes(here / "ref") + payload_bytes(here / pair)
+            seconds, peak, code = time_cli(tool + ["align", str(here / "ref"), str(here / pair)], args.repeats)
+            print(f"{'align ref ' + pair:<28}{total / 1e6:>10.0f}{seconds:>10.3f}{total / seconds / 1e9:>8.2f}"
+                  f"{peak:>13.0f}  {code}")
 
     if args.memory:
         print(f"\n{'trace MB':>9}{'baseline RSS MB':>17}{'peak RSS MB':>13}")

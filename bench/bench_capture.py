@@ -55,8 +55,25 @@ import torch
 
 Context = Callable[[torch.nn.Module, Path], contextlib.AbstractContextManager[Any]]
 
-TARGET_FULL = 1.8  # full-tensor capture, times a plain forward
-TARGET_SUMMARY = 1.4  # statistics-only capture, times a plain forward
+TARGET_FULL = 1.4  # full-tensor capture on CPU, times a plain forward
+TARGET_SUMMARY = 1.15  # statistics-only capture on CPU, times a plain forward
+TARGET_SUMMARY_CUDA = 1.5  # statistics-only capture on CUDA, times a plain forward
+TARGET_FULL_VS_WRITE = 1.25  # full capture on CUDA, times writing its bytes (floor_write)
+
+# --preset: the model; --device/--dtype place it. "gpu" is the Llama-shaped model of the CUDA figures.
+PRESETS: dict[str, dict[str, Any]] = {
+    "cpu": {"hidden_size": 512, "intermediate_size": 1536, "num_attention_heads": 8, "num_key_value_heads": 4,
+            "vocab_size": 8000, "layers": 8, "seq_len": 256},
+    "gpu": {"hidden_size": 2048, "intermediate_size": 5632, "num_attention_heads": 16, "num_key_value_heads": 8,
+            "vocab_size": 32000, "layers": 16, "seq_len": 2048},
+}
+SETTINGS: dict[str, Any] = {"preset": "cpu", "device": "cpu", "dtype": "float32"}
+
+
+def _sync() -> None:
+    """Wait for the device: a CUDA forward returns before its kernels finish."""
+    if SETTINGS["device"].startswith("cuda"):
+        torch.cuda.synchronize()
 
 
 def _hf(use_repr: bool, prune: bool) -> Context:
@@ -68,11 +85,11 @@ def _hf(use_repr: bool, prune: bool) -> Context:
     return context
 
 
-def _native(tensors: str) -> Context:
+def _native(tensors: str, **options: Any) -> Context:
     def context(model: torch.nn.Module, out: Path) -> contextlib.AbstractContextManager[Any]:
         import tracediff
 
-        return tracediff.capture(model, out, tensors=tensors)  # type: ignore[arg-type]
+        return tracediff.capture(model, out, tensors=tensors, **options)  # type: ignore[arg-type]
     return context
 
 
@@ -89,6 +106,9 @@ CONFIGS: dict[str, tuple[str, Context | None]] = {
     "hf_pruned": ("transformers debugger, use_repr=False, do_prune_layers=True (its default)", _hf(False, True)),
     "hf_repr": ("transformers debugger, use_repr=True, do_prune_layers=False", _hf(True, False)),
     "full": ('tracediff.capture(tensors="full")', _native("full")),
+    "full_sync": ('tracediff.capture(tensors="full", writers=0): payloads written in the hook', _native("full", writers=0)),
+    "full_w1": ('tracediff.capture(tensors="full", writers=1)', _native("full", writers=1)),
+    "full_w2": ('tracediff.capture(tensors="full", writers=2)', _native("full", writers=2)),
     "summary": ('tracediff.capture(tensors="summary")', _native("summary")),
     "compat": ("tracediff.model_addition_debugger_context, use_repr=False, do_prune_layers=False", _compat),
 }
@@ -97,12 +117,14 @@ CONFIGS: dict[str, tuple[str, Context | None]] = {
 def build_model(layers: int, seq_len: int) -> tuple[torch.nn.Module, torch.Tensor]:
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(hidden_size=512, intermediate_size=1536, num_hidden_layers=layers,
-                         num_attention_heads=8, num_key_value_heads=4, vocab_size=8000)
+    shape = {k: v for k, v in PRESETS[SETTINGS["preset"]].items() if k not in ("layers", "seq_len")}
+    config = LlamaConfig(num_hidden_layers=layers, use_cache=False, max_position_embeddings=max(4096, seq_len),
+                         **shape)
     torch.manual_seed(0)
-    model = LlamaForCausalLM(config).eval()
+    device, dtype = torch.device(SETTINGS["device"]), getattr(torch, SETTINGS["dtype"])
+    model = LlamaForCausalLM(config).eval().to(device=device, dtype=dtype)
     input_ids = torch.randint(0, config.vocab_size, (1, seq_len), generator=torch.Generator().manual_seed(1))
-    return model, input_ids
+    return model, input_ids.to(device)
 
 
 @contextlib.contextmanager
@@ -125,6 +147,7 @@ def run_once(name: str, model: torch.nn.Module, input_ids: torch.Tensor, root: P
     context = CONFIGS[name][1]
     with fresh_dir(root) as out:
         gc.collect()
+        _sync()
         start = time.perf_counter()
         with torch.no_grad():
             if context is None:
@@ -132,6 +155,7 @@ def run_once(name: str, model: torch.nn.Module, input_ids: torch.Tensor, root: P
             else:
                 with context(model, out):
                     model(input_ids)
+        _sync()
         seconds = time.perf_counter() - start
         written, files = disk_usage(out)
     torch.set_printoptions(profile="default")  # transformers' debugger leaves sci_mode on
@@ -199,19 +223,22 @@ def floor_measures(tensors: list[torch.Tensor], root: Path) -> dict[str, tuple[s
     from tracediff.capturing.stats import StatsBuffers, tensor_stats
 
     total = sum(t.numel() * t.element_size() for t in tensors)
+    on_host = [t.cpu() for t in tensors]  # writing alone: the output folder's bandwidth, no device copy
 
     def write_all() -> tuple[float, int, int]:
         with fresh_dir(root) as out:
             start = time.perf_counter()
-            for i, t in enumerate(tensors):
+            for i, t in enumerate(on_host):
                 write_tensor_file(out / f"{i}.safetensors", t)
             return time.perf_counter() - start, total, len(tensors)
 
     def stats_all() -> tuple[float, int, int]:
         buffers = StatsBuffers()
+        _sync()
         start = time.perf_counter()
         for t in tensors:
             tensor_stats(t, buffers=buffers)
+        _sync()
         return time.perf_counter() - start, 0, 0
 
     return {"floor_write": (f"floor: write the {len(tensors)} distinct tensors to fresh files", write_all),
@@ -258,7 +285,8 @@ def measure_memory_here(name: str, layers: int, seq_len: int, root: Path) -> dic
 
 def measure_memory(name: str, layers: int, seq_len: int, root: Path) -> dict[str, Any]:
     command = [sys.executable, __file__, "--_memory", name, "--layers", str(layers), "--seq-len", str(seq_len),
-               "--out-root", str(root)]
+               "--out-root", str(root), "--preset", SETTINGS["preset"], "--device", SETTINGS["device"],
+               "--dtype", SETTINGS["dtype"]]
     done = subprocess.run(command, capture_output=True, text=True, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -304,6 +332,8 @@ def machine_facts(root: Path) -> dict[str, Any]:
     return {
         "python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
         "tracediff": tracediff.__version__, "torch_threads": torch.get_num_threads(), "cpus": os.cpu_count(),
+        "preset": SETTINGS["preset"], "device": SETTINGS["device"], "dtype": SETTINGS["dtype"],
+        "gpu": torch.cuda.get_device_name() if SETTINGS["device"].startswith("cuda") else None,
         "cpu": cpu, "platform": platform.platform(), "out_root": str(root),
     }
 
@@ -334,8 +364,15 @@ def render(results: dict[str, dict[str, Any]], memory: dict[str, dict[str, Any]]
         if "hf" in results:
             line += f", {results['hf']['median'] / full['median']:.2f}x faster than transformers' debugger"
         lines += ["", line]
+    cuda = SETTINGS["device"].startswith("cuda")
     if summary:
-        lines.append(f"summary capture: {summary['median'] / plain:.2f}x plain (target <= {TARGET_SUMMARY}x)")
+        target = TARGET_SUMMARY_CUDA if cuda else TARGET_SUMMARY
+        lines.append(f"summary capture: {summary['median'] / plain:.2f}x plain (target <= {target}x)")
+    if full and "floor_write" in results:
+        write = results["floor_write"]
+        lines.append(f"write bandwidth of the output folder: {write['bytes'] / write['median'] / 1e9:.2f} GB/s; "
+                     f"full capture {full['median'] / write['median']:.2f}x the time to write its bytes"
+                     + (f" (target <= {TARGET_FULL_VS_WRITE}x)" if cuda else ""))
     if full and "floor_write" in results:
         floor = plain + results["floor_write"]["median"] + results["floor_stats"]["median"]
         lines.append(f"floor of a full capture here: plain + writing + statistics = {floor:.3f} s "
@@ -348,8 +385,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=5, help="timed rounds after the warm-up (default 5)")
     parser.add_argument("--json", type=Path, help="also write every measurement to this JSON file")
     parser.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated subset of: " + ", ".join(CONFIGS))
-    parser.add_argument("--layers", type=int, default=8, help="num_hidden_layers (default 8)")
-    parser.add_argument("--seq-len", type=int, default=256, help="sequence length (default 256)")
+    parser.add_argument("--preset", choices=sorted(PRESETS), default="cpu",
+                        help="model shape: cpu (hidden 512, 8 layers, seq 256) or gpu (hidden 2048, 16 layers, "
+                             "seq 2048); default cpu")
+    parser.add_argument("--device", default="cpu", help="where the model runs: cpu (default), cuda, cuda:1, ...")
+    parser.add_argument("--dtype", default="float32", help="model dtype: float32 (default), bfloat16, float16")
+    parser.add_argument("--layers", type=int, help="num_hidden_layers (default: the preset's)")
+    parser.add_argument("--seq-len", type=int, help="sequence length (default: the preset's)")
     parser.add_argument("--out-root", type=Path, default=Path(tempfile.gettempdir()),
                         help="where the per-run trace directories are made (default: the system temp dir)")
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-RSS subprocesses")
@@ -358,6 +400,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="also measure the peak RSS of a full capture at these depths, e.g. 4,8,16")
     parser.add_argument("--_memory", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    SETTINGS.update(preset=args.preset, device=args.device, dtype=args.dtype)
+    args.layers = args.layers or PRESETS[args.preset]["layers"]
+    args.seq_len = args.seq_len or PRESETS[args.preset]["seq_len"]
 
     if args._memory:
         print(json.dumps(measure_memory_here(args._memory, args.layers, args.seq_len, args.out_root)))

@@ -1,13 +1,39 @@
-"""Shared fixtures: torch print options reset around every test, and the tiny models of ``tests/models.py``."""
+"""Shared fixtures: torch print options reset around every test, and the tiny models of ``tests/models.py``.
+
+Hypothesis runs under the ``ci`` profile unless ``HYPOTHESIS_PROFILE`` names
+another: derandomized (the same examples on every run and every machine), no
+example database, and the reproduction blob printed on failure. Keep every
+shrunk failure as an ``@example``. ``HYPOTHESIS_PROFILE=explore`` draws new
+random examples, for hunting bugs locally.
+"""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
 import torch
+from hypothesis import settings
 
 from tests import models
+
+settings.register_profile("ci", derandomize=True, database=None, print_blob=True, deadline=None)
+settings.register_profile("explore", derandomize=False, database=None, print_blob=True, deadline=None,
+                          max_examples=1000)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _written_traces_conform_to_the_schema() -> Iterator[None]:
+    """Every trace any test writes is validated against ``tracediff/trace_schema.json`` as it is written."""
+    try:
+        from tests.format.conformance import written_traces_conform
+    except ImportError:  # jsonschema missing (it is in the ``test`` extra): nothing to validate with
+        yield
+        return
+    with written_traces_conform():
+        yield
 
 
 @pytest.fixture(autouse=True)

@@ -29,8 +29,8 @@ from .errors import (
     InputsFileError,
     OutputDirError,
     PayloadError,
-    TraceFormatError,
     TracediffError,
+    TraceFormatError,
     UnsafePathError,
     UsageError,
 )
@@ -56,11 +56,14 @@ _LAZY = {
     "StepComparison": "steps",
     "StepDivergence": "steps",
     "StepSummary": "steps",
+    "replay": "replaying",
+    "Replay": "replaying",
 }
 
 if TYPE_CHECKING:
     from .alignment import Alignment, ArgumentDiff, TensorComparison, Unmatched, align, assert_traces_close
     from .capturing import CaptureSession, Verification, capture, model_addition_debugger_context
+    from .replaying import Replay, replay
     from .steps import StepComparison, StepDivergence, StepRecorder, StepSummary, compare_steps
     from .trace import Node, TensorRecord, Trace, load_trace
 

@@ -13,7 +13,9 @@ import errno
 import functools
 import json
 import os
+import secrets
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -65,7 +67,10 @@ def tensor_bytes(tensor: torch.Tensor) -> memoryview:
         return memoryview(b"")
     import torch
 
-    return memoryview(t.reshape(-1).view(torch.uint8).numpy())
+    flat = t.reshape(-1)
+    if flat.stride(0) != 1:  # a one-element view can keep any stride and still count as contiguous
+        flat = torch.empty(flat.shape, dtype=flat.dtype).copy_(flat)
+    return memoryview(flat.view(torch.uint8).numpy())
 
 
 def write_tensor_file(path: str | os.PathLike[str], tensor: torch.Tensor) -> int:
@@ -83,9 +88,8 @@ def write_tensor_file(path: str | os.PathLike[str], tensor: torch.Tensor) -> int
         separators=(",", ":"),
     ).encode()
     header += b" " * (-len(header) % 8)
-    tmp = f"{path}.tmp"
+    fd, tmp = _temp_beside(Path(path), what="payload")
     try:
-        fd = os.open(tmp, _NEW_FILE_FLAGS, 0o666)
         try:
             _write_all(fd, [len(header).to_bytes(8, "little") + header, data])
         finally:
@@ -97,7 +101,10 @@ def write_tensor_file(path: str | os.PathLike[str], tensor: torch.Tensor) -> int
     return data.nbytes
 
 
-_NEW_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_BINARY", 0) | getattr(os, "O_CLOEXEC", 0)
+# Created exclusively (never an existing file, never through a planted symbolic link), with mode 0666 less the
+# umask: the permissions a plain open() gives, so a trace folder shared with a group stays readable by it.
+_NEW_FILE_FLAGS = (os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_BINARY", 0)
+                   | getattr(os, "O_CLOEXEC", 0))
 
 
 def _write_all(fd: int, chunks: list[bytes | memoryview]) -> None:
@@ -117,17 +124,33 @@ def _write_all(fd: int, chunks: list[bytes | memoryview]) -> None:
 _HAS_WRITEV = hasattr(os, "writev")
 
 
-def write_json(path: str | os.PathLike[str], obj: Any, *, indent: int | None = 2, drop_key: str | None = None) -> None:
+def write_json(path: str | os.PathLike[str], obj: Any, *, indent: int | None = 2, drop_key: str | None = None,
+               user_target: bool = False) -> None:
     """Write ``obj`` as JSON to ``path`` through a temporary file and a rename.
 
     The text is exactly ``json.dumps(obj, indent=indent)`` (see ``json_text``
     for ``drop_key``); it is built in full before the file is created, so an
-    object that cannot be serialized leaves nothing behind.
+    object that cannot be serialized leaves nothing behind. The file gets mode
+    0666 less the umask. ``user_target=True`` for a file the user named (see
+    ``_write_text_atomically``).
     """
-    _write_text_atomically(Path(path), json_text(obj, indent=indent, drop_key=drop_key).encode("utf-8"))
+    _write_text_atomically(Path(path), json_text(obj, indent=indent, drop_key=drop_key).encode("utf-8"),
+                           user_target=user_target)
 
 
-def _write_text_atomically(path: Path, data: bytes) -> None:
+def _write_text_atomically(path: Path, data: bytes, *, user_target: bool = False) -> None:
+    """Write ``data`` to ``path`` through an exclusive temporary file and a rename.
+
+    ``user_target=True`` (a file named by the user, ``-o FILE``) follows a
+    symbolic link, keeps an existing file's mode and writes a FIFO or device in
+    place (see ``tracediff._output_target``); otherwise (files inside a trace
+    folder) ``path`` itself is replaced, a planted link included.
+    """
+    if user_target:
+        from ._output_target import write_output
+
+        write_output(path, data)
+        return
     fd, tmp = _temp_beside(path)
     try:
         try:
@@ -141,38 +164,46 @@ def _write_text_atomically(path: Path, data: bytes) -> None:
 
 
 def write_json_pair(path: str | os.PathLike[str], stripped_path: str | os.PathLike[str], obj: Any, *,
-                    drop_key: str, indent: int | None = 2) -> None:
+                    drop_key: str, indent: int | None = 2,
+                    drop_where: Callable[[dict[Any, Any]], bool] | None = None) -> None:
     """Write ``obj`` to ``path``, and ``obj`` without its ``drop_key`` items to ``stripped_path``.
 
-    Both through a temporary file and a rename, as ``write_json``; both texts
-    are built before either file is made. When no dict in ``obj`` has the key,
-    the text is built once and written twice (a trace's FULL_TENSORS and
-    SUMMARY files are the same text when no payload is written).
+    ``drop_where`` limits the dropping to the dicts it is true for (see
+    ``json_text``). Both through a temporary file and a rename, as
+    ``write_json``; both texts are built before either file is made. When no
+    dict in ``obj`` has the key, the text is built once and written twice (a
+    trace's FULL_TENSORS and SUMMARY files are the same text when no payload
+    is written).
     """
-    text, stripped = json_text_pair(obj, indent=indent, drop_key=drop_key)
+    text, stripped = json_text_pair(obj, indent=indent, drop_key=drop_key, drop_where=drop_where)
     _write_text_atomically(Path(path), text.encode("utf-8"))
     _write_text_atomically(Path(stripped_path), stripped.encode("utf-8"))
 
 
 def write_text(path: str | os.PathLike[str], text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file and a rename."""
-    path = Path(path)
-    fd, tmp = _temp_beside(path)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except OSError as e:
-        _discard(tmp)
-        raise OutputDirError(f"{path}: could not write: {e.strerror or e}") from e
+    """Write ``text`` as UTF-8 to the user's output file ``path`` (see ``tracediff._output_target``).
+
+    Lone surrogates (from crafted module names) are written as ``\\udcNN`` escapes instead of failing.
+    """
+    _write_text_atomically(Path(path), text.encode("utf-8", "backslashreplace"), user_target=True)
 
 
-def _temp_beside(path: Path) -> tuple[int, str]:
-    """A temporary file in ``path``'s folder, to be renamed onto ``path`` (OutputDirError if it cannot be made)."""
-    try:
-        return tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    except OSError as e:
-        raise OutputDirError(f"{path}: could not write: {e.strerror or e}") from e
+def _temp_beside(path: Path, what: str = "file") -> tuple[int, str]:
+    """A new temporary file in ``path``'s folder, to be renamed onto ``path`` (OutputDirError if it cannot be made).
+
+    Its name is unpredictable and it is created exclusively without following
+    links, so nothing planted beforehand can redirect the write.
+    """
+    for _ in range(100):
+        tmp = os.path.join(path.parent, f".{path.name[:200]}.{secrets.token_hex(8)}.tmp")
+        try:
+            return os.open(tmp, _NEW_FILE_FLAGS, 0o666), tmp
+        except FileExistsError:
+            continue
+        except OSError as e:
+            label = "" if what == "file" else f" {what}"
+            raise OutputDirError(f"{path}: could not write{label}: {e.strerror or e}") from e
+    raise OutputDirError(f"{path}: could not create a temporary file beside it")
 
 
 def _discard(path: str) -> None:
@@ -182,24 +213,43 @@ def _discard(path: str) -> None:
         pass
 
 
-def resolve_inside(root: Path, relative: str) -> Path:
+def resolve_inside(root: Path, relative: str, *, what: str = "tensor path") -> Path:
     """Resolve a payload path from a trace JSON, refusing anything outside ``root``.
 
-    Absolute paths, ``..`` components and symbolic links that lead out of the
-    trace directory raise ``UnsafePathError``; nothing is opened.
+    Absolute paths, ``..`` components, NUL bytes, lone surrogates, symbolic
+    link loops, the folder itself and links that lead out of it raise ``UnsafePathError``; nothing is opened.
     """
+    place = "the trace directory" if what == "tensor path" else "the folder"
     if not isinstance(relative, str) or not relative:
-        raise UnsafePathError(f"{root}: tensor path {relative!r} is not a relative file name")
+        raise UnsafePathError(f"{root}: {what} {relative!r} is not a relative file name")
+    if "\0" in relative or not _encodable(relative):
+        raise UnsafePathError(f"{root}: {what} {ascii(relative)} holds a NUL byte or an unencodable "
+                              "character; refused")
     candidate = Path(relative)
+    if not candidate.parts:
+        raise UnsafePathError(f"{root}: {what} {relative!r} names {place} itself, not a file")
     if candidate.is_absolute() or relative.startswith(("/", "\\")) or ":" in candidate.parts[0]:
-        raise UnsafePathError(f"{root}: tensor path {relative!r} is absolute; refused")
+        raise UnsafePathError(f"{root}: {what} {relative!r} is absolute; refused")
     if any(part == ".." for part in Path(relative.replace("\\", "/")).parts):
-        raise UnsafePathError(f"{root}: tensor path {relative!r} leaves the trace directory; refused")
-    real_root = root.resolve()
-    resolved = (real_root / candidate).resolve()
-    if resolved != real_root and real_root not in resolved.parents:
-        raise UnsafePathError(f"{root}: tensor path {relative!r} links outside the trace directory; refused")
+        raise UnsafePathError(f"{root}: {what} {relative!r} leaves {place}; refused")
+    try:
+        real_root = root.resolve()
+        resolved = (real_root / candidate).resolve()
+    except (OSError, RuntimeError, ValueError) as e:  # a symbolic link loop
+        raise UnsafePathError(f"{root}: {what} {relative!r} cannot be resolved ({e}); refused") from None
+    if resolved == real_root:
+        raise UnsafePathError(f"{root}: {what} {relative!r} names {place} itself, not a file")
+    if real_root not in resolved.parents:
+        raise UnsafePathError(f"{root}: {what} {relative!r} links outside {place}; refused")
     return resolved
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate from JSON's \udXXX escapes
+        return False
+    return True
 
 
 def read_tensor_file(path: Path, key: str = "data") -> torch.Tensor:
@@ -214,6 +264,8 @@ def read_tensor_file(path: Path, key: str = "data") -> torch.Tensor:
             return f.get_tensor(key)
     except FileNotFoundError as e:
         raise PayloadError(f"{path}: payload file is missing") from e
+    except MemoryError:
+        raise PayloadError(f"{path}: not enough memory to map the payload") from None
     except (SafetensorError, OSError, ValueError, RuntimeError) as e:
         first = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise PayloadError(f"{path}: not a readable safetensors file ({first})") from e

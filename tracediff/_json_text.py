@@ -11,33 +11,37 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from json.encoder import encode_basestring_ascii as _quote
 from typing import Any
 
 
-def json_text(obj: Any, *, indent: int | None = 2, drop_key: str | None = None) -> str:
+def json_text(obj: Any, *, indent: int | None = 2, drop_key: str | None = None,
+              drop_where: Callable[[dict[Any, Any]], bool] | None = None) -> str:
     """The text of ``json.dumps(obj, indent=indent)``, about twice as fast for a trace tree.
 
     ``drop_key`` leaves out every dict item with that key, at any depth, as if
-    it had been deleted from a copy first (``"value"`` for a trace's SUMMARY
-    file). Values this does not know, and circular references, go to
-    ``json.dumps``, which raises as usual.
+    it had been deleted from a copy first; with ``drop_where``, only from the
+    dicts for which ``drop_where(d)`` is true (a trace's SUMMARY file drops
+    ``"value"`` from tensor entries only). Values this does not know, and
+    circular references, go to ``json.dumps``, which raises as usual.
     """
     if indent is None or not isinstance(indent, int) or _make_c_encoder is None:
-        return json.dumps(_without_key(obj, drop_key), indent=indent, allow_nan=True)
+        return json.dumps(_without_key(obj, drop_key, drop_where), indent=indent, allow_nan=True)
     try:
-        return _IndentedJson(indent, drop_key).text(obj)
+        return _IndentedJson(indent, drop_key, drop_where=drop_where).text(obj)
     except (_NotPlainJson, RecursionError):
-        return json.dumps(_without_key(obj, drop_key), indent=indent, allow_nan=True)
+        return json.dumps(_without_key(obj, drop_key, drop_where), indent=indent, allow_nan=True)
 
 
-def _without_key(value: Any, key: str | None) -> Any:
+def _without_key(value: Any, key: str | None, where: Callable[[dict[Any, Any]], bool] | None = None) -> Any:
     if key is None:
         return value
     if isinstance(value, dict):
-        return {k: _without_key(v, key) for k, v in value.items() if k != key}
+        drop = where is None or where(value)
+        return {k: _without_key(v, key, where) for k, v in value.items() if not (drop and k == key)}
     if isinstance(value, (list, tuple)):
-        return [_without_key(v, key) for v in value]
+        return [_without_key(v, key, where) for v in value]
     return value
 
 
@@ -90,10 +94,12 @@ def _key_text(key: Any) -> str:
 
 
 class _IndentedJson:
-    def __init__(self, indent: int, drop_key: str | None, *, watch_key: str | None = None) -> None:
+    def __init__(self, indent: int, drop_key: str | None, *, watch_key: str | None = None,
+                 drop_where: Callable[[dict[Any, Any]], bool] | None = None) -> None:
         self.parts: list[str] = []
         self.step = " " * indent
         self.drop_key = drop_key
+        self.drop_where = drop_where  # also narrows what counts as the watched key being seen
         self.watch_key = watch_key  # only noted: watched_key_seen tells whether some dict has it
         self.watched_key_seen = False
         self.newlines = ["\n"]  # newline plus the indentation of each depth
@@ -110,7 +116,10 @@ class _IndentedJson:
                 add("{}")
                 return
             drop = self.drop_key
-            if self.watch_key is not None and self.watch_key in value:
+            if drop is not None and self.drop_where is not None and drop in value and not self.drop_where(value):
+                drop = None
+            if self.watch_key is not None and self.watch_key in value and (
+                    self.drop_where is None or self.drop_where(value)):
                 self.watched_key_seen = True
             # Checks written as set.issuperset(map(type, ...)) run in C, with no Python loop.
             if (_PLAIN_SCALARS.issuperset(map(type, value.values())) and _STR.issuperset(map(type, value))
@@ -173,13 +182,18 @@ class _IndentedJson:
         return self.newlines[depth]
 
 
-def json_text_pair(obj: Any, *, drop_key: str, indent: int | None = 2) -> tuple[str, str]:
-    """``json_text(obj)`` and ``json_text(obj, drop_key=drop_key)``; one walk when no dict has the key."""
+def json_text_pair(obj: Any, *, drop_key: str, indent: int | None = 2,
+                   drop_where: Callable[[dict[Any, Any]], bool] | None = None) -> tuple[str, str]:
+    """``json_text(obj)`` and ``json_text(obj, drop_key=..., drop_where=...)``; one walk when nothing is dropped."""
     if indent is None or not isinstance(indent, int) or _make_c_encoder is None:
-        return json_text(obj, indent=indent), json_text(obj, indent=indent, drop_key=drop_key)
-    builder = _IndentedJson(indent, None, watch_key=drop_key)
+        return (json_text(obj, indent=indent),
+                json_text(obj, indent=indent, drop_key=drop_key, drop_where=drop_where))
+    builder = _IndentedJson(indent, None, watch_key=drop_key, drop_where=drop_where)
     try:
         text = builder.text(obj)
     except (_NotPlainJson, RecursionError):
-        return json_text(obj, indent=indent), json_text(obj, indent=indent, drop_key=drop_key)
-    return text, json_text(obj, indent=indent, drop_key=drop_key) if builder.watched_key_seen else text
+        return (json_text(obj, indent=indent),
+                json_text(obj, indent=indent, drop_key=drop_key, drop_where=drop_where))
+    if not builder.watched_key_seen:
+        return text, text
+    return text, json_text(obj, indent=indent, drop_key=drop_key, drop_where=drop_where)

@@ -4,6 +4,11 @@ Every message is one line: the file or node concerned, what was expected and
 what was found, and, where there is one, what to do about it. The CLI prints
 that line and exits with code 2. A divergence between two traces is a result,
 never an exception.
+
+Every class is also the matching builtin, so code that knows nothing of
+tracediff can still catch it: problems with what a file holds or with the
+arguments are ``ValueError`` s, problems with reading or writing a file are
+``OSError`` s (``errno`` is None), and all of them are ``TracediffError`` s.
 """
 
 from __future__ import annotations
@@ -24,29 +29,29 @@ class TracediffError(Exception):
     """Base class: bad input that tracediff refuses with a one-line message."""
 
 
-class TraceFormatError(TracediffError):
+class TraceFormatError(TracediffError, ValueError):
     """A trace file is missing, truncated, not JSON, or not a trace."""
 
 
-class UnsafePathError(TracediffError):
+class UnsafePathError(TracediffError, ValueError):
     """A tensor path in a trace points outside the trace directory."""
 
 
-class PayloadError(TracediffError):
+class PayloadError(TracediffError, OSError):
     """A safetensors payload is missing, truncated or corrupt."""
 
 
-class CaptureSpecError(TracediffError):
+class CaptureSpecError(TracediffError, ValueError):
     """A capture SPEC does not import, or its function returns the wrong thing."""
 
 
-class InputsFileError(TracediffError):
+class InputsFileError(TracediffError, OSError):
     """An inputs file is missing, corrupt, or lacks the keys the model needs."""
 
 
-class OutputDirError(TracediffError):
+class OutputDirError(TracediffError, OSError):
     """An output location exists, is a file, or cannot be written."""
 
 
-class UsageError(TracediffError):
+class UsageError(TracediffError, ValueError):
     """Arguments that do not fit together (a bad tolerance pattern, an unknown format)."""

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ._display import short_repr, summary_html
 from .errors import UsageError
 from .trace.load import Trace, load_trace
 from .trace.model import Node, ReprValue, TensorRecord
@@ -127,6 +128,7 @@ class TraceView:
     nodes: tuple[NodeView, ...]
     path: str | None = None
     depth: int | None = None
+    incomplete_reason: str | None = None  # why the trace does not cover the whole forward (None: complete)
 
     @property
     def tensors(self) -> list[tuple[NodeView, TensorView]]:
@@ -149,12 +151,23 @@ class TraceView:
         call = f" (call {node.call_index})" if node.call_index else ""
         return f"{node.module_path}{call} {tensor.slot}"
 
+    def __repr__(self) -> str:
+        return short_repr(self, trace=self.trace, model_name=self.model_name, calls=len(self.nodes),
+                          total_calls=self.total_calls, complete=self.complete, first_nonfinite=self.first_nonfinite)
+
+    def _repr_html_(self) -> str:
+        facts = [("trace", self.trace), ("model", self.model_name), ("producer", self.producer),
+                 ("calls shown", f"{len(self.nodes)} of {self.total_calls}"), ("complete", self.complete),
+                 ("summary only", self.summary_only), ("first NaN/Inf", self.first_nonfinite)]
+        return summary_html("TraceView", facts)
+
     def to_dict(self) -> dict[str, Any]:
         """The JSON form (``format_version`` 1); NaN/Inf statistics are left as floats."""
         return {
             "format_version": FORMAT_VERSION, "trace": self.trace, "json_file": self.json_file,
             "model_name": self.model_name, "producer": self.producer, "summary_only": self.summary_only,
-            "complete": self.complete, "total_calls": self.total_calls, "path": self.path, "depth": self.depth,
+            "complete": self.complete, "incomplete_reason": self.incomplete_reason,
+            "total_calls": self.total_calls, "path": self.path, "depth": self.depth,
             "first_nonfinite": self.first_nonfinite, "nodes": [n.to_dict() for n in self.nodes],
         }
 
@@ -191,7 +204,7 @@ def show_trace(path_or_trace: str | Path | Trace, *, path: str | None = None, de
         trace=str(trace.directory), json_file=str(trace.json_path), model_name=trace.model_name,
         producer=trace.producer, summary_only=trace.summary_only,
         complete=complete if isinstance(complete, bool) else None, total_calls=len(every),
-        nodes=tuple(shown), path=path, depth=depth,
+        nodes=tuple(shown), path=path, depth=depth, incomplete_reason=trace.incomplete_reason,
     )
 
 

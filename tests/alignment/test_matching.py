@@ -59,9 +59,9 @@ def test_structural_fallback_below_half_matched(traces: TraceStore) -> None:
 def test_suggest_rename_generalizes_layer_numbers(traces: TraceStore) -> None:
     a, b = load_trace(traces("ref")), load_trace(traces("renamed"))
     rules = suggest_rename(match_nodes(a, b, []).pairs)
-    assert (r"^layers\.(\d+)$", r"blocks.\1") in rules
-    assert (r"^layers\.(\d+)\.norm$", r"blocks.\1.ln") in rules
-    assert (r"^embed$", "proj_in") in rules
+    assert rules == [(r"^embed(?=\.|$)", "proj_in"), (r"^head(?=\.|$)", "proj_out"), (r"^layers(?=\.|$)", "blocks"),
+                     (r"^(blocks\.\d+\.)norm(?=\.|$)", r"\1ln"), (r"^(blocks\.\d+\.)fc1(?=\.|$)", r"\1up"),
+                     (r"^(blocks\.\d+\.)act(?=\.|$)", r"\1relu"), (r"^(blocks\.\d+\.)fc2(?=\.|$)", r"\1down")]
     for x, y in match_nodes(a, b, []).pairs:
         assert apply_rename(x.relative_path, rules) == y.relative_path
 

@@ -114,4 +114,5 @@ def test_disk_full_for_everything_still_lets_the_forward_finish(
     refused = tmp_path / "SharedLoop.shared_outputs.safetensors"
     assert str(raised.value) == f"{refused}: could not write payload: No space left on device"
     assert disk.refused[0] == refused.name and "tracediff_metadata.json" in disk.refused
-    assert files(tmp_path) == {"SharedLoop_inputs_args_0.safetensors"}
+    # no trace JSON could be written: the journal stays, so that show/align read the calls recorded (incomplete)
+    assert files(tmp_path) == {"SharedLoop_inputs_args_0.safetensors", "tracediff_journal.jsonl"}

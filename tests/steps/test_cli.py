@@ -162,4 +162,5 @@ def test_help_has_an_example(capsys: pytest.CaptureFixture[str]) -> None:
     assert e.value.code == 0
     out = capsys.readouterr().out
     assert "tracediff steps runs/a runs/b --atol 1e-6 --format json" in out
-    assert "exit codes: 0 identical or within tolerance, 1 a divergence, 2 bad input." in out
+    assert "exit codes:\n  0  identical or within tolerance\n  1  a divergence" in out
+    assert "  3  internal error" in out

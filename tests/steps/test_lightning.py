@@ -60,7 +60,7 @@ def test_lightning_fits_are_recorded_and_compared(tmp_path: Path) -> None:
     assert record["complete"] is True
     assert list(record["groups"]["grads"]) == ["net.0.weight", "net.0.bias", "net.3.weight", "net.3.bias"]
     assert record["taken_at"]["params"] == "optimizer_pre_step"
-    assert record["groups"]["optimizer"]["type"]["value"] == "torch.optim.adamw.AdamW"
+    assert record["groups"]["optimizer"]["type"]["py_value"] == "torch.optim.adamw.AdamW"
     assert list(record["groups"]["batch"]) == ["batch.0", "batch.1"]
     assert compare_steps(tmp_path / "a", tmp_path / "b").passed
     d = compare_steps(tmp_path / "a", tmp_path / "c").first_divergence

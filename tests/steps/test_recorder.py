@@ -165,8 +165,8 @@ def test_nested_batch_keeps_its_structure(tmp_path: Path) -> None:
         "n": {"value": "batch.n"}}}
     entries = rec0["groups"]["batch"]
     assert entries["batch.extra.0"]["hash"] == tensor_hash(torch.arange(3, dtype=torch.int32))
-    assert entries["batch.extra.1.1"] == {"py_type": "float", "value": 2.5}
-    assert entries["batch.n"] == {"py_type": "int", "value": 7}
+    assert entries["batch.extra.1.1"] == {"py_type": "float", "py_value": 2.5}
+    assert entries["batch.n"] == {"py_type": "int", "py_value": 7}
     assert entries["batch.x"]["stats"]["max"] == pytest.approx(float(X.max()))
 
 

@@ -111,7 +111,7 @@ def test_record_layout_and_contents(reference: Path) -> None:
     state = record["groups"]["optimizer"]["state"]
     assert list(state) == names
     assert set(state["lm_head.weight"]) == {"step", "exp_avg", "exp_avg_sq"}
-    assert record["groups"]["optimizer"]["param_groups"][0]["params"]["value"] == names
+    assert record["groups"]["optimizer"]["param_groups"][0]["params"]["py_value"] == names
     for group in record["groups"]:
         assert len(record[f"__all_{group}__"]) == 64
 

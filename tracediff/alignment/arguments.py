@@ -11,11 +11,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from deepdiff import DeepDiff
 
-from ..capturing.compat import sanitize_repr
+from .._repr import sanitize_repr
 from ..trace.model import Node, ReprValue
 from .result import ArgumentDiff
+from .value_summary import describe_large, is_large
 
 _ABSENT: Any = object()
 
@@ -56,6 +56,10 @@ def _same(va: Any, vb: Any) -> bool:
 
 
 def _describe(va: Any, vb: Any) -> str:
+    if is_large(va) or is_large(vb):  # bounded work: deepdiff's grows with the whole value
+        return describe_large(va, vb)
+    from deepdiff import DeepDiff  # imported on first use: most aligns never need it
+
     diff = DeepDiff(va, vb, verbose_level=2)
     try:
         text = diff.pretty()

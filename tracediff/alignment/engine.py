@@ -36,20 +36,27 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from ..errors import UsageError
 from ..trace.load import Trace, load_trace
 from ..trace.model import Node, TensorRecord
 from .arguments import diff_arguments
 from .compare import compare_records
-from .matching import RenameRules, check_rename, match_nodes, pair_tensors, suggest_rename
-from .result import Alignment, TensorComparison, Unmatched
+from .pairing import plan_pairs
+from .ops import annotate_op_rows, pair_ops
+from .rename_map import RenameSpec, rename_rules
+from .result import Alignment, TensorComparison
+from .slots import slot_rules
+from .unrecorded import mark_unrecorded_origin
+from .noise import DEFAULT_NOISE_FACTOR
 from .tolerance import Tolerance, TolerancePolicy
+from .verdicts import check_ignore, judge
 
 TraceLike = str | Path | Trace
 
@@ -67,8 +74,13 @@ def align(
     *,
     atol: Tolerance = None,
     rtol: Tolerance = None,
-    rename: RenameRules | None = None,
+    rename: RenameSpec = None,
     progress: bool = False,
+    baseline: TraceLike | None = None,
+    noise_factor: float = DEFAULT_NOISE_FACTOR,
+    ignore: Iterable[str] | str | None = None,
+    match: str = "auto",
+    allow_incomplete: bool = False,
 ) -> Alignment:
     """Compare trace ``b`` against the reference trace ``a``.
 
@@ -79,22 +91,48 @@ def align(
             per module-path pattern. Default: torch.testing's for the pair's dtype.
         rtol: relative tolerance, in the same forms.
         rename: ``[(regex, replacement), ...]`` applied in order to A's paths
-            (root component removed) before matching by name.
+            (root component removed) before matching by name; also the
+            ``{"rename": [...]}`` object a ``--map`` file holds (other keys are
+            ignored here), or the path of such a JSON file. Default: no rules.
         progress: show a progress bar on stderr (only when it is a terminal).
+        baseline: the reference run under B's conditions (B's dtype, device,
+            kernels), in the same forms as ``a``. Each row's error is then
+            also judged against the noise floor, A vs the baseline (see
+            :mod:`tracediff.alignment.noise`). Default: none.
+        noise_factor: a row is within tolerance when its error is at most
+            this many times its noise floor; also the growth that makes a row
+            a source. Default 3.
+        ignore: ``PATH``, ``PATH:SLOT`` or ``:SLOT`` globs (one or a list):
+            matching rows are compared but set aside in ``Alignment.ignored``
+            and never fail the verdict (see :mod:`tracediff.alignment.verdicts`).
+        match: ``"auto"`` (default: names and the rename map first, then
+            structure for the calls still unpaired, then layouts), ``"name"``
+            (names and the map only) or ``"structure"`` (ignore names); see
+            :mod:`tracediff.alignment.matching`. A map's ``slots`` rules rename
+            tensor slots (:mod:`tracediff.alignment.slots`).
+        allow_incomplete: when a trace is incomplete (its forward raised, its
+            capture was interrupted or its process died), the comparison ends
+            where that trace ends, so by default the alignment does not pass
+            (``incomplete_a``/``incomplete_b`` say why). ``True`` judges only
+            the tensors both traces hold. Default False.
 
     Returns:
         An ``Alignment``: truthy when every compared tensor is within tolerance.
     """
+    if not (isinstance(noise_factor, (int, float)) and noise_factor >= 1):
+        raise UsageError(f"noise_factor={noise_factor!r}: expected a number >= 1")
+    ignore_rules = check_ignore(ignore)
     trace_a, trace_b = _as_trace(a), _as_trace(b)
-    rules = check_rename(rename or [])
+    trace_n = _as_trace(baseline) if baseline is not None else None
+    rules = rename_rules(rename)
     policy = TolerancePolicy(atol=atol, rtol=rtol)
-    matching = match_nodes(trace_a, trace_b, rules)
-    jobs, unmatched_a, unmatched_b = [], [], []
-    for node_a, node_b in matching.pairs:
-        pairs, only_a, only_b = pair_tensors(node_a, node_b)
-        jobs.extend((node_a, ra, node_b, rb) for ra, rb in pairs)
-        unmatched_a += [Unmatched(node_a.module_path, node_a.call_index, t.slot) for t in only_a]
-        unmatched_b += [Unmatched(node_b.module_path, node_b.call_index, t.slot) for t in only_b]
+    plan = plan_pairs(trace_a, trace_b, rules, match=match, slots=slot_rules(rename))  # calls, tensors, layouts
+    matching = plan.matching
+    jobs, unmatched_a, unmatched_b = list(plan.jobs), list(plan.unmatched_a), list(plan.unmatched_b)
+    op_pairing = pair_ops(trace_a, trace_b, matching.pairs, policy)  # op nodes, inside matched calls
+    jobs += op_pairing.jobs
+    unmatched_a += op_pairing.unmatched_a
+    unmatched_b += op_pairing.unmatched_b
     jobs.sort(key=lambda job: job[3].order)
 
     tolerances = [policy.resolve((na.relative_path, nb.relative_path), ra.dtype, rb.dtype)
@@ -103,7 +141,8 @@ def align(
 
     def compare(index: int) -> dict[str, Any]:
         _, ra, _, rb = jobs[index]
-        fields = compare_records(trace_a, ra, trace_b, rb, atol=tolerances[index][0], rtol=tolerances[index][1])
+        fields = plan.compare(trace_a, ra, trace_b, rb, atol=tolerances[index][0], rtol=tolerances[index][1]) \
+            or compare_records(trace_a, ra, trace_b, rb, atol=tolerances[index][0], rtol=tolerances[index][1])
         tick(rb)
         return fields
 
@@ -112,23 +151,35 @@ def align(
     tick(None)
     rows = [_row(order, na, ra, nb, rb, *tolerances[order], fields)
             for order, ((na, ra, nb, rb), fields) in enumerate(zip(jobs, results))]
+    rows = annotate_op_rows(rows, jobs, op_pairing)
+    rows = plan.annotate(rows, jobs)
+    with _workers(len(jobs) if trace_n is not None else 0) as run:
+        verdicts = judge(_with_origins(rows), jobs, trace_a, baseline=trace_n, noise_factor=float(noise_factor),
+                         ignore=ignore_rules, run=run)
 
     known = [n.relative_path for n in trace_b.nodes()] + [n.relative_path for n in trace_a.nodes()]
     warnings = policy.unused_pattern_warnings(known)
-    if matching.structural:
+    if matching.structural and match != "structure":
         warnings.insert(0, "module paths did not line up; nodes were matched by structure "
-                           "(shapes, dtypes and call order). Check the suggested rename map.")
+                           "(shapes and call order). Check the suggested rename map.")
+    warnings[:0] = plan.warnings
     return Alignment(
         trace_a=str(trace_a.directory), trace_b=str(trace_b.directory),
         model_a=trace_a.model_name, model_b=trace_b.model_name,
-        rows=tuple(_with_origins(rows)),
-        unmatched_a=tuple([Unmatched(n.module_path, n.call_index) for n in matching.unmatched_a] + unmatched_a),
-        unmatched_b=tuple([Unmatched(n.module_path, n.call_index) for n in matching.unmatched_b] + unmatched_b),
-        argument_diffs=tuple(diff_arguments(matching.pairs)),
+        rows=tuple(mark_unrecorded_origin(verdicts.rows, matching.gaps_a, matching.gaps_b)),
+        sources=verdicts.sources,
+        ignored=verdicts.ignored,
+        baseline=str(trace_n.directory) if trace_n is not None else None,
+        noise_factor=float(noise_factor) if trace_n is not None else None,
+        unmatched_a=tuple(unmatched_a), unmatched_b=tuple(unmatched_b),
+        unrecorded_a=plan.unrecorded_a, unrecorded_b=plan.unrecorded_b,
+        argument_diffs=tuple(diff_arguments(matching.pairs) + op_pairing.argument_diffs),
         structural=matching.structural,
-        suggested_rename=tuple(suggest_rename(matching.pairs)) if matching.structural else (),
-        warnings=tuple(warnings),
-        matched_nodes=len(matching.pairs),
+        suggested_rename=tuple(plan.suggested),
+        warnings=tuple(warnings) + verdicts.warnings,
+        matched_nodes=plan.matched_nodes,
+        incomplete_a=trace_a.incomplete_reason, incomplete_b=trace_b.incomplete_reason,
+        allow_incomplete=bool(allow_incomplete),
     )
 
 
@@ -173,16 +224,16 @@ def _role(slot: str) -> tuple[str, str]:
 
 def _with_origins(rows: list[TensorComparison]) -> list[TensorComparison]:
     """Fill input_err, amplification and origin from the rows of what flowed into each call."""
-    incoming: defaultdict[tuple[str, int, str], list[TensorComparison]] = defaultdict(list)
+    incoming: defaultdict[tuple[str, int, str, int | None], list[TensorComparison]] = defaultdict(list)
     for row in rows:
         phase, side = _role(row.tensor)
         if side == "in":
-            incoming[(row.module_path_b, row.call_index_b, phase)].append(row)
+            incoming[(row.module_path_b, row.call_index_b, phase, row.op_index)].append(row)
     out = []
     earlier_divergence = False
     for row in rows:
         phase, side = _role(row.tensor)
-        ins = incoming.get((row.module_path_b, row.call_index_b, phase), [])
+        ins = incoming.get((row.module_path_b, row.call_index_b, phase, row.op_index), [])
         errs = [r.max_abs_err for r in ins if not math.isnan(r.max_abs_err)]
         input_err = max(errs) if errs else None
         amplification = None
@@ -193,9 +244,11 @@ def _with_origins(rows: list[TensorComparison]) -> list[TensorComparison]:
                 amplification = math.inf
         origin = None
         if row.diverged:
-            if side == "out":
+            if side == "out" and (ins or row.op is None):
                 origin = "inherited" if any(r.diverged for r in ins) else "introduced"
-            elif "." not in row.module_path_b and phase == "forward":
+            elif side == "out":  # an op paired by value: its inputs were not compared, earlier rows tell
+                origin = "inherited" if earlier_divergence else "introduced"
+            elif "." not in row.module_path_b and phase == "forward" and row.op is None:
                 origin = "model inputs"
             else:  # nothing recorded before it diverged: the caller's own code between module calls did it
                 origin = "inherited" if earlier_divergence else "between modules"
@@ -232,19 +285,30 @@ def assert_traces_close(
     *,
     atol: Tolerance = None,
     rtol: Tolerance = None,
-    rename: RenameRules | None = None,
+    rename: RenameSpec = None,
+    baseline: TraceLike | None = None,
+    noise_factor: float = DEFAULT_NOISE_FACTOR,
+    ignore: Iterable[str] | str | None = None,
+    match: str = "auto",
 ) -> Alignment:
     """Raise ``AssertionError`` naming the first divergence unless every tensor pair is within tolerance.
 
+    The message also names the largest source (the row with the largest
+    growth among ``Alignment.sources``). Options are those of :func:`align`.
     Returns the ``Alignment`` when it passes, for further checks.
     """
-    result = align(a, b, atol=atol, rtol=rtol, rename=rename)
+    result = align(a, b, atol=atol, rtol=rtol, rename=rename, baseline=baseline, noise_factor=noise_factor,
+                   ignore=ignore, match=match)
     if result.passed:
         return result
     first = result.first_divergence
     lines = [f"traces differ: {len(result.diverged)} of {len(result.rows)} compared tensors out of tolerance"]
     if first is not None:
         lines.append(f"first divergence ({first.origin}): {first.describe()}")
+    largest = max(result.sources, key=lambda row: row.growth or 0.0, default=None)
+    if largest is not None:
+        lines.append(f"largest source ({len(result.sources)} in all; growth {largest.growth:.3g}): "
+                     f"{largest.describe()}")
     for row in result.unreadable[:3]:
         lines.append(f"unreadable: {row.describe()}")
     raise AssertionError("\n".join(lines))

@@ -1,56 +1,79 @@
-"""Matching the nodes of two traces, and the tensors within matched nodes.
+"""Matching the module calls of two traces, and the tensors within matched calls.
 
-By name (the default): a node of A matches the node of B with the same path
-relative to the root (the root's class name is ignored, so ``LlamaModel`` and
-``MyLlama`` both start at ``""``) and the same call index. Rename rules,
-``[[regex, replacement], ...]`` applied in order with ``re.sub`` to A's
-relative paths, bridge implementations whose module names differ.
+``match="auto"`` (the default) pairs, in this order, and never undoes a pair:
 
-By structure (the fallback when fewer than half of B's nodes matched by
-name): the two traces' nodes, in call order, are aligned as sequences on
-their signature (leaf or not, and the shapes and dtypes of inputs, and of
-outputs for leaves), and ``suggest_rename`` turns the pairs into rename rules
-(layer numbers generalized to ``(\\d+)``) for the user to check and reuse.
+1. **by name**: a call of A pairs with the call of B with the same path
+   relative to the root (the root's class name is ignored, so ``LlamaModel``
+   and ``MyLlama`` both start at ``""``) and the same call index. Rename rules,
+   ``[[regex, replacement], ...]`` applied in order with ``re.sub`` to A's
+   relative paths, bridge implementations whose module names differ; a pair
+   whose name needed the rules is matched ``"map"``. The rules are always
+   applied.
+2. **layer blocks one side did not record** (transformers' default pruning,
+   see :mod:`tracediff.alignment.unrecorded`) are set aside, with what lies
+   inside them.
+3. **by structure**, only among the calls still unpaired, in call order
+   (:mod:`tracediff.alignment.structure`; dtypes are ignored).
 
-Within a matched pair of nodes, tensors pair by slot (``inputs.args.0``,
-``outputs.1``...). Inputs passed positionally on one side and by keyword on
-the other are then paired in order when shape and dtype agree.
+``match="name"`` stops after step 2; ``match="structure"`` pairs every call by
+structure, ignoring names. Layout-aware pairs (fused projections, permuted
+heads) are added afterwards by :mod:`tracediff.alignment.layout`.
+``suggest_rename`` turns the pairs into rename rules for the user to check
+and reuse. Within a matched pair, tensors pair as described in
+:mod:`tracediff.alignment.slots`.
 """
 
 from __future__ import annotations
 
-import difflib
 import json
-import re
-from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .._safe_read import SMALL_JSON_LIMIT, read_bounded
 from ..errors import TraceFormatError, UsageError
 from ..trace.load import Trace
-from ..trace.model import Node, TensorRecord
+from ..trace.model import Node
+from .rename_safety import check_rule, compiled
+from .slots import pair_tensors
+from .structure import structural_pairs
+from .suggest import suggest_rules
+from .unrecorded import all_unrecorded, find_unrecorded, inside
 
 RenameRules = list[tuple[str, str]]
+MATCH_MODES = ("auto", "name", "structure")
+
+__all__ = ["MATCH_MODES", "Matching", "apply_rename", "check_rename", "load_rename_file", "match_nodes",
+           "pair_tensors", "suggest_rename"]
 
 
 @dataclass(frozen=True)
 class Matching:
+    """Paired calls (in B's call order) with how each was paired, and what is left on each side."""
+
     pairs: tuple[tuple[Node, Node], ...]
     unmatched_a: tuple[Node, ...]
     unmatched_b: tuple[Node, ...]
     structural: bool
+    methods: tuple[str, ...] = ()  # per pair: "name", "map" or "structure"
+    gaps_a: dict[str, tuple[str, ...]] = field(default_factory=dict)  # see unrecorded.find_unrecorded
+    gaps_b: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def count(self, method: str) -> int:
+        return sum(m == method for m in self.methods)
 
 
 def load_rename_file(path: str | Path) -> RenameRules:
     """Read ``{"rename": [[regex, replacement], ...]}`` from a JSON file."""
     p = Path(path)
+    if not p.exists() and not p.is_symlink():
+        raise UsageError(f"{p}: rename map not found")
+    text = read_bounded(p, limit=SMALL_JSON_LIMIT, what="rename map")  # a regular file, bounded
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise UsageError(f"{p}: rename map not found") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise TraceFormatError(f"{p}: not a JSON rename map ({e})") from None
+        data = json.loads(text)
+    except (ValueError, RecursionError) as e:  # not JSON, not UTF-8, nested too deeply, a 5,000-digit integer
+        reason = str(e).splitlines()[0] if str(e) else "nested too deeply"
+        raise TraceFormatError(f"{p}: not a JSON rename map ({reason})") from None
     rules = data.get("rename") if isinstance(data, dict) else None
     if not isinstance(rules, list):
         raise TraceFormatError(f'{p}: expected {{"rename": [[regex, replacement], ...]}}')
@@ -63,105 +86,127 @@ def check_rename(rules: Any, *, source: str = "rename") -> RenameRules:
     for i, rule in enumerate(rules or []):
         if not (isinstance(rule, (list, tuple)) and len(rule) == 2 and all(isinstance(x, str) for x in rule)):
             raise UsageError(f"{source}: rule {i} is {rule!r}; expected [regex, replacement]")
-        try:
-            re.compile(rule[0])
-        except re.error as e:
-            raise UsageError(f"{source}: rule {i} regex {rule[0]!r} does not compile ({e})") from None
+        check_rule(rule[0], rule[1], source=source, index=i)  # compiles, cannot backtrack exponentially
         out.append((rule[0], rule[1]))
     return out
 
 
 def apply_rename(path: str, rules: RenameRules) -> str:
     for pattern, replacement in rules:
-        path = re.sub(pattern, replacement, path)
+        path = compiled(pattern).sub(replacement, path)  # compiled once per pattern (rename_safety.py)
     return path
 
 
-def match_nodes(a: Trace, b: Trace, rename: RenameRules) -> Matching:
-    """Match by renamed path and call index; fall back to structure when fewer than half of B match."""
+def match_nodes(a: Trace, b: Trace, rename: RenameRules, match: str = "auto") -> Matching:
+    """Pair the calls of ``a`` and ``b`` (see the module docstring for ``match``)."""
+    if match not in MATCH_MODES:
+        raise UsageError(f"match: {match!r} is not one of {', '.join(MATCH_MODES)}")
     nodes_a, nodes_b = a.nodes(), b.nodes()
-    by_key = {node.key: node for node in nodes_b}
-    pairs = []
-    for node in nodes_a:
-        other = by_key.pop((node.phase, apply_rename(node.relative_path, rename), node.call_index), None)
-        if other is not None:
-            pairs.append((node, other))
-    structural = 2 * len(pairs) < len(nodes_b)
-    if structural:
-        pairs = _structural_pairs(nodes_a, nodes_b)
-    paired_a = {id(x) for x, _ in pairs}
-    paired_b = {id(y) for _, y in pairs}
+    gaps_a, gaps_b = find_unrecorded(a.roots), find_unrecorded(b.roots)
+    pairs: list[tuple[Node, Node]] = []
+    methods: list[str] = []
+    if match == "structure":
+        roots = list(zip(a.roots, b.roots))[:1]
+        pairs += roots
+        methods += ["name"] * len(roots)
+    else:
+        by_key = {node.key: node for node in nodes_b}
+        for node in nodes_a:
+            renamed = apply_rename(node.relative_path, rename)
+            other = by_key.pop((node.phase, renamed, node.call_index), None)
+            if other is not None:
+                pairs.append((node, other))
+                methods.append("name" if renamed == node.relative_path else "map")
+    named = sum(1 for x, _ in pairs if x.relative_path)
+    # calls lying in blocks the other side did not record have no partner to find
+    hidden_b = [_relative(p) for p in all_unrecorded(gaps_b)]
+    hidden_a = [apply_rename(_relative(p), rename) for p in all_unrecorded(gaps_a)]
+
+    def explained_a(n: Node) -> bool:
+        return inside(apply_rename(n.relative_path, rename), hidden_b)
+
+    def explained_b(n: Node) -> bool:
+        return inside(n.relative_path, hidden_a)
+
+    if match != "name":
+        paired_a, paired_b = {id(x) for x, _ in pairs}, {id(y) for _, y in pairs}
+        rest_a = [n for n in nodes_a if id(n) not in paired_a and n.phase == "forward" and not explained_a(n)]
+        rest_b = [n for n in nodes_b if id(n) not in paired_b and n.phase == "forward" and not explained_b(n)]
+        found = _scoped_structural_pairs(rest_a, rest_b, pairs)
+        pairs += found
+        methods += ["structure"] * len(found)
+        pairs, methods = _with_backward(pairs, methods, nodes_a, nodes_b)
+    structural = match == "structure" or (named == 0 and any(m == "structure" for m in methods))
+    paired_a, paired_b = {id(x) for x, _ in pairs}, {id(y) for _, y in pairs}
+    order = sorted(range(len(pairs)), key=lambda i: (pairs[i][1].phase != "forward", pairs[i][1].enter_order))
     return Matching(
-        pairs=tuple(sorted(pairs, key=lambda p: p[1].enter_order)),
-        unmatched_a=tuple(n for n in nodes_a if id(n) not in paired_a),
-        unmatched_b=tuple(n for n in nodes_b if id(n) not in paired_b),
+        pairs=tuple(pairs[i] for i in order),
+        unmatched_a=tuple(n for n in nodes_a if id(n) not in paired_a and not explained_a(n)),
+        unmatched_b=tuple(n for n in nodes_b if id(n) not in paired_b and not explained_b(n)),
         structural=structural,
+        methods=tuple(methods[i] for i in order),
+        gaps_a=gaps_a, gaps_b=gaps_b,
     )
 
 
-def _signature(node: Node) -> tuple[Any, ...]:
-    leaf = not node.children
-    shown = node.tensors if leaf else node.inputs()
-    return (leaf, tuple((t.slot.split(".")[0], t.shape, t.dtype) for t in shown))
+def _scoped_structural_pairs(rest_a: list[Node], rest_b: list[Node], pairs: list[tuple[Node, Node]]
+                             ) -> list[tuple[Node, Node]]:
+    """Structural pairs among calls under the same paired ancestors, never across two paired parents.
+
+    Each unpaired call belongs to its nearest paired ancestor; calls are
+    aligned only with calls whose nearest paired ancestor is the partner of
+    theirs (a fused ``qkv`` inside a paired attention cannot pair with a
+    ``gate_proj`` inside the paired MLP).
+    """
+    partner_of_a = {id(x): y for x, y in pairs}
+    partner_of_b = {id(y): x for x, y in pairs}
+
+    def scope(node: Node, partners: dict[int, Node], on_a: bool) -> tuple[int, int]:
+        parent = node.parent
+        while parent is not None and id(parent) not in partners:
+            parent = parent.parent
+        if parent is None:
+            return (0, 0)
+        other = partners[id(parent)]
+        return (id(parent), id(other)) if on_a else (id(other), id(parent))
+
+    groups_a: dict[tuple[int, int], list[Node]] = {}
+    groups_b: dict[tuple[int, int], list[Node]] = {}
+    for node in rest_a:
+        groups_a.setdefault(scope(node, partner_of_a, True), []).append(node)
+    for node in rest_b:
+        groups_b.setdefault(scope(node, partner_of_b, False), []).append(node)
+    found: list[tuple[Node, Node]] = []
+    for key, group in groups_a.items():
+        found += structural_pairs(group, groups_b.get(key, []))
+    partner = {**partner_of_a, **{id(x): y for x, y in found}}
+    return [(x, y) for x, y in found
+            if x.parent is None or y.parent is None or id(x.parent) not in partner
+            or partner[id(x.parent)] is y.parent]
 
 
-def _structural_pairs(nodes_a: list[Node], nodes_b: list[Node]) -> list[tuple[Node, Node]]:
-    sig_a = [_signature(n) for n in nodes_a]
-    sig_b = [_signature(n) for n in nodes_b]
-    matcher = difflib.SequenceMatcher(None, sig_a, sig_b, autojunk=False)
-    pairs = []
-    for block in matcher.get_matching_blocks():
-        pairs.extend((nodes_a[block.a + k], nodes_b[block.b + k]) for k in range(block.size))
-    return pairs
+def _relative(full_path: str) -> str:
+    """A full module path as a relative path (the root component removed)."""
+    return full_path.split(".", 1)[1] if "." in full_path else ""
 
 
-_NUMBER = re.compile(r"\d+")
-
-
-def suggest_rename(pairs: tuple[tuple[Node, Node], ...]) -> RenameRules:
-    """Rename rules that map A's paths to B's for every pair, with layer numbers generalized."""
-    counts: Counter[tuple[str, str]] = Counter()
-    for node_a, node_b in pairs:
-        rule = _generalize(node_a.relative_path, node_b.relative_path)
-        if rule is not None:
-            counts[rule] += 1
-    return [rule for rule, _ in counts.most_common()]
-
-
-def _generalize(path_a: str, path_b: str) -> tuple[str, str] | None:
-    if path_a == path_b:
-        return None
-    numbers_a, numbers_b = _NUMBER.findall(path_a), _NUMBER.findall(path_b)
-    if numbers_a and numbers_a == numbers_b:
-        pattern = "^" + _NUMBER.sub(r"(\\d+)", re.escape(path_a)) + "$"
-        counter = iter(range(1, len(numbers_b) + 1))
-        replacement = _NUMBER.sub(lambda _m: f"\\{next(counter)}", path_b.replace("\\", "\\\\"))
-        return pattern, replacement
-    return "^" + re.escape(path_a) + "$", path_b.replace("\\", "\\\\")
-
-
-def pair_tensors(
-    node_a: Node, node_b: Node
-) -> tuple[list[tuple[TensorRecord, TensorRecord]], list[TensorRecord], list[TensorRecord]]:
-    """Pair the tensors of two matched nodes; returns (pairs, only in A, only in B)."""
-    by_slot_b = {t.slot: t for t in node_b.tensors}
-    pairs, left_a = [], []
-    for t in node_a.tensors:
-        other = by_slot_b.pop(t.slot, None)
+def _with_backward(pairs: list[tuple[Node, Node]], methods: list[str], nodes_a: list[Node], nodes_b: list[Node]
+                   ) -> tuple[list[tuple[Node, Node]], list[str]]:
+    """Backward calls of structurally paired modules pair like their forward calls."""
+    paired_a, paired_b = {id(x) for x, _ in pairs}, {id(y) for _, y in pairs}
+    path_of = {(x.relative_path, x.call_index): (y.relative_path, y.call_index)
+               for (x, y), m in zip(pairs, methods) if m == "structure"}
+    by_key = {(n.relative_path, n.call_index): n for n in nodes_b if n.phase == "backward" and id(n) not in paired_b}
+    for node in nodes_a:
+        if node.phase != "backward" or id(node) in paired_a:
+            continue
+        other = by_key.pop(path_of.get((node.relative_path, node.call_index), ("", -1)), None)
         if other is not None:
-            pairs.append((t, other))
-        else:
-            left_a.append(t)
-    left_b = list(by_slot_b.values())
-    # An input passed positionally on one side and by keyword on the other.
-    spare_a = [t for t in left_a if t.slot.startswith("inputs")]
-    spare_b = [t for t in left_b if t.slot.startswith("inputs")]
-    for ta, tb in zip(spare_a, spare_b):
-        if ta.shape == tb.shape and ta.dtype == tb.dtype:
-            pairs.append((ta, tb))
-            left_a.remove(ta)
-            left_b.remove(tb)
-    if not node_a.has_outputs or not node_b.has_outputs:  # pruned parent outputs: not a mismatch
-        left_a = [t for t in left_a if not t.slot.startswith("outputs")]
-        left_b = [t for t in left_b if not t.slot.startswith("outputs")]
-    return pairs, left_a, left_b
+            pairs.append((node, other))
+            methods.append("structure")
+    return pairs, methods
+
+
+def suggest_rename(pairs: tuple[tuple[Node, Node], ...] | list[tuple[Node, Node]]) -> RenameRules:
+    """Rename rules mapping A's paths to B's for every pair (see :mod:`tracediff.alignment.suggest`)."""
+    return suggest_rules(pairs)

@@ -10,8 +10,9 @@ finite (``F``), in float64:
                      exactly the smallest rtol that passes with ``atol=0``
 ``mean_abs_err``     ``mean |a - b|`` over F
 ``rms_err``          ``sqrt(mean (a - b)^2)`` over F
-``cosine``           ``<a, b> / (|a| |b|)`` over F; 1 if both are all zeros,
-                     0 if only one is
+``cosine``           ``<a, b> / (|a| |b|)`` over F; 1 if both are all zeros
+                     (or F is empty), 0 if only one is (a zero vector has no
+                     direction: it is neither aligned nor opposed)
 ``nan_mismatch``     positions where exactly one side is NaN
 ``inf_mismatch``     positions with an infinity on either side that is not
                      the same infinity on the other (NaN positions excluded)
@@ -30,7 +31,16 @@ finite (``F``), in float64:
 the flattened inputs (temporaries stay small and in cache, so memory does not
 grow with tensor size) after a bitwise-equality fast path. Elementwise work
 runs in float32 (float64 when either side is float64) and each chunk's
-partial sums are accumulated in float64. The small functions in
+partial sums are accumulated in float64.
+
+Sums of squares and dot products are never allowed to leave the float range:
+when a chunk's direct sums show that a square under- or overflowed, the chunk
+is summed again on values divided by a power of two near their largest
+magnitude, as BLAS ``nrm2`` does (:mod:`tracediff.alignment.scaled`), and the
+totals are carried as ``value * 2**exp``. So a subnormal value against zero
+has cosine 0 and an RMS error equal to its magnitude, and values near 1e308
+give finite means. Only a difference that itself exceeds the float64 range
+(``1e308 - (-1e308)``) is reported as ``inf``. The small functions in
 ``METRICS`` compute one metric each, directly from the definitions; they are
 the reference the streaming kernel is tested against.
 """
@@ -43,11 +53,13 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from .scaled import ScaledSum, exponent_of, safe_ldexp, scale_down, scaled_sums, sums_are_safe
+
 CHUNK = 1 << 20
 # float32 rounds |a - b| and atol + rtol |a| by well under one part in a million: elements that close to a
 # decision are settled again in float64.
 _SLACK = 1e-6
-_SQUARES_OK = 1e-30
+_FLOAT32_TINY_STEPS = 2.0 ** -148
 
 
 def _smallest_rtol(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -103,6 +115,11 @@ def _identical(n: int) -> PairMetrics:
                        required_atol=0.0, required_rtol=0.0)
 
 
+def identical_metrics(n: int) -> PairMetrics:
+    """The metrics of two identical tensors of ``n`` elements (every error 0, cosine 1)."""
+    return _identical(n)
+
+
 def compare_tensors(a: torch.Tensor, b: torch.Tensor, *, atol: float, rtol: float) -> PairMetrics:
     """All metrics of reference ``a`` against ``b`` (same shape, any real dtypes).
 
@@ -139,11 +156,8 @@ class _Accumulator:
         self.finite = 0
         self.max_abs = 0.0
         self.max_rel = 0.0
-        self.sum_abs = 0.0
-        self.sum_sq = 0.0
-        self.dot = 0.0
-        self.norm_a = 0.0
-        self.norm_b = 0.0
+        # sums of |a - b|, (a - b)^2, a.b, a.a, b.b, kept as value * 2**exp (see scaled.py)
+        self.sum_abs, self.sum_sq, self.dot, self.norm_a, self.norm_b = (ScaledSum() for _ in range(5))
         self.nan_mismatch = 0
         self.inf_mismatch = 0
         self.mismatched = 0
@@ -176,17 +190,12 @@ class _Accumulator:
         self.finite += a.numel()
         sums = torch.stack([absdiff.sum(), torch.dot(absdiff, absdiff), torch.dot(a, b), torch.dot(a, a),
                             torch.dot(b, b)]).tolist()
-        if a.dtype != torch.float64 and not all(_SQUARES_OK <= abs(x) < 1e30 for x in sums[1:]):
-            # float32 squares under- or overflow outside roughly 1e-19..1e19 (a zero may be an underflow):
-            # sum them in float64.
-            sums = [sums[0]] + torch.stack([torch.dot(absdiff.double(), absdiff.double()),
-                                            torch.dot(a.double(), b.double()), torch.dot(a.double(), a.double()),
-                                            torch.dot(b.double(), b.double())]).tolist()
-        self.sum_abs += sums[0]
-        self.sum_sq += sums[1]
-        self.dot += sums[2]
-        self.norm_a += sums[3]
-        self.norm_b += sums[4]
+        if sums_are_safe([sums[1], sums[3], sums[4]], a.numel(), a.dtype):
+            scaled = tuple((value, 0) for value in sums)
+        else:  # a square under- or overflowed (a zero may be an underflow): redo on scaled float64 values
+            scaled = scaled_sums(a, b)
+        for total, (value, exp) in zip((self.sum_abs, self.sum_sq, self.dot, self.norm_a, self.norm_b), scaled):
+            total.add(value, exp)
         if worst == 0:
             return
         exact = a.dtype == torch.float64
@@ -218,8 +227,9 @@ class _Accumulator:
         excess = torch.sub(absdiff, absa, alpha=self.rtol)  # |a - b| - rtol |a|, one pass
         if exact:
             return int(torch.count_nonzero(excess > self.atol))
-        # float32 rounds excess by far less than `margin`; elements within it are settled in float64.
-        margin = _SLACK * (self.atol + self.rtol * float(absa.max()))
+        # float32 rounds excess by far less than `margin`; elements within it are settled in float64. The floor
+        # of two float32 subnormal steps keeps the window open where atol itself rounds to a subnormal.
+        margin = _SLACK * (self.atol + self.rtol * float(absa.max())) + _FLOAT32_TINY_STEPS
         clear_fail = int(torch.count_nonzero(excess > self.atol + margin))
         close = int(torch.count_nonzero(excess > self.atol - margin)) - clear_fail
         if not close:
@@ -232,20 +242,27 @@ class _Accumulator:
     def result(self, n: int) -> PairMetrics:
         f = self.finite
         nonfinite = self.nan_mismatch + self.inf_mismatch > 0
-        if self.norm_a == 0 and self.norm_b == 0:
-            cosine = 1.0
-        elif self.norm_a == 0 or self.norm_b == 0:
-            cosine = 0.0
-        else:
-            cosine = max(-1.0, min(1.0, self.dot / math.sqrt(self.norm_a * self.norm_b)))
+        # mean <= rms <= max holds exactly; float32 partial sums may round across it, so it is restored.
+        # sum_sq's exponent is even (twice a scale's), so the root's is exact.
+        mean = min(safe_ldexp(self.sum_abs.value / f, self.sum_abs.exp), self.max_abs) if f else 0.0
+        rms = safe_ldexp(math.sqrt(self.sum_sq.value / f), self.sum_sq.exp // 2) if f else 0.0
+        rms = min(max(mean, rms), self.max_abs)
         return PairMetrics(
             numel=n, identical=False, max_abs_err=self.max_abs, max_rel_err=self.max_rel,
-            mean_abs_err=self.sum_abs / f if f else 0.0, rms_err=math.sqrt(self.sum_sq / f) if f else 0.0,
-            cosine=cosine, nan_mismatch=self.nan_mismatch, inf_mismatch=self.inf_mismatch,
+            mean_abs_err=mean, rms_err=rms, cosine=_cosine_of(self.dot, self.norm_a, self.norm_b),
+            nan_mismatch=self.nan_mismatch, inf_mismatch=self.inf_mismatch,
             mismatched=self.mismatched, mismatch_fraction=self.mismatched / n if n else 0.0,
             required_atol=math.inf if nonfinite else self.max_abs,
             required_rtol=math.inf if nonfinite else self.max_rel,
         )
+
+
+def _cosine_of(dot: ScaledSum, norm_a: ScaledSum, norm_b: ScaledSum) -> float:
+    """``<a, b> / (|a| |b|)`` from scaled sums: 1 when both norms are 0, 0 when one is, clamped to [-1, 1]."""
+    if norm_a.is_zero or norm_b.is_zero:
+        return 1.0 if norm_a.is_zero and norm_b.is_zero else 0.0
+    ratio = dot.value / (math.sqrt(norm_a.value) * math.sqrt(norm_b.value))
+    return max(-1.0, min(1.0, safe_ldexp(ratio, dot.exp - norm_a.exp // 2 - norm_b.exp // 2)))
 
 
 def _near_top(values: torch.Tensor, floor: float, top_at: int) -> torch.Tensor:
@@ -287,27 +304,44 @@ def max_rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((d / fa.abs().masked_fill(fa == 0, 1.0)).max())
 
 
-def mean_abs_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    """``mean |a - b|`` over finite positions."""
+def _scaled_abs_diff(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """``|a - b|`` over finite positions divided by a power of two ``2**k`` near its maximum, and ``k``."""
     fa, fb = _finite_pair(a, b)
-    return float((fa - fb).abs().mean()) if fa.numel() else 0.0
+    d = (fa - fb).abs()
+    k = exponent_of(float(d.max())) if d.numel() else 0
+    return scale_down(d, k), k
+
+
+def mean_abs_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    """``mean |a - b|`` over finite positions (0 if none), summed on scaled values so it never overflows."""
+    d, k = _scaled_abs_diff(a, b)
+    return safe_ldexp(float(d.mean()), k) if d.numel() else 0.0
 
 
 def rms_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    """``sqrt(mean (a - b)^2)`` over finite positions."""
-    fa, fb = _finite_pair(a, b)
-    return float((fa - fb).square().mean().sqrt()) if fa.numel() else 0.0
+    """``sqrt(mean (a - b)^2)`` over finite positions (0 if none), on scaled values: no under- or overflow."""
+    d, k = _scaled_abs_diff(a, b)
+    return safe_ldexp(float(d.square().mean().sqrt()), k) if d.numel() else 0.0
 
 
 def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
-    """``<a, b> / (|a| |b|)`` over finite positions; 1 if both are zero, 0 if one is."""
+    """``<a, b> / (|a| |b|)`` over finite positions; 1 if both are zero, 0 if only one is.
+
+    Each side is divided by a power of two near its largest magnitude first (the
+    cosine does not change), so values from subnormal to huge neither underflow
+    nor overflow.
+    """
     fa, fb = _finite_pair(a, b)
-    na, nb = float(fa.norm()), float(fb.norm())
+    if not fa.numel():
+        return 1.0
+    sa = scale_down(fa, exponent_of(float(fa.abs().max())))
+    sb = scale_down(fb, exponent_of(float(fb.abs().max())))
+    na, nb = float(sa.norm()), float(sb.norm())
     if na == 0 and nb == 0:
         return 1.0
     if na == 0 or nb == 0:
         return 0.0
-    return max(-1.0, min(1.0, float(fa @ fb) / (na * nb)))
+    return max(-1.0, min(1.0, float(sa @ sb) / (na * nb)))
 
 
 def nan_mismatch(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -6,9 +6,11 @@
 order                  0, 1, 2... (execution order of B)
 module_path_a/_b       full paths as recorded (root class name included)
 call_index             call index of the module in A (``call_index_b`` in B)
+call_index_a           the same as ``call_index``, named symmetrically
 tensor                 slot in B: ``inputs.args.0``, ``inputs.kwargs.x``,
                        ``outputs``, ``outputs.0``, ``outputs.logits``
                        (``tensor_a``: the slot in A when it differs)
+tensor_b               the same as ``tensor``, named symmetrically
 shape_a/_b, dtype_a/_b as recorded
 max_abs_err ...        see :mod:`tracediff.alignment.metrics`
 atol, rtol             the tolerance applied to this pair
@@ -36,16 +38,25 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
+if TYPE_CHECKING:
+    import pandas as pd
+
+from .._display import renderer_for, short_repr, summary_html
 
 FORMAT_VERSION = 1
 
 
 @dataclass(frozen=True)
 class TensorComparison:
-    """One compared tensor pair; truthy when within tolerance."""
+    """One compared tensor pair.
+
+    Use ``row.passed`` or ``row.diverged``: a row has no truth value of its
+    own, so ``if result.first_divergence:`` means "there is a divergence".
+    ``call_index``/``call_index_b`` and ``tensor_a``/``tensor`` name each side;
+    ``call_index_a`` and ``tensor_b`` are the same values under symmetric names.
+    """
 
     order: int
     module_path_a: str
@@ -90,25 +101,48 @@ class TensorComparison:
     op: str | None = None
     op_index: int | None = None
 
-    def __bool__(self) -> bool:
-        return bool(self.within_tolerance)
+    @property
+    def call_index_a(self) -> int:
+        """The module's call index in A (the same as ``call_index``)."""
+        return self.call_index
+
+    @property
+    def tensor_b(self) -> str:
+        """The tensor's slot in B (the same as ``tensor``)."""
+        return self.tensor
 
     @property
     def diverged(self) -> bool:
+        """True when the pair is out of tolerance."""
         return self.within_tolerance is False
 
+    @property
+    def passed(self) -> bool:
+        """True unless the pair is out of tolerance or unreadable (a row without data passes)."""
+        return self.within_tolerance is not False and self.status != "unreadable"
+
     def to_dict(self) -> dict[str, Any]:
+        """The row as JSON-ready values, keys in ``TABLE_COLUMNS`` order (the symmetric names included)."""
         out = asdict(self)
         out["shape_a"] = list(self.shape_a) if self.shape_a is not None else None
         out["shape_b"] = list(self.shape_b) if self.shape_b is not None else None
         out["unrecorded"] = list(self.unrecorded)
-        return out
+        out["call_index_a"] = self.call_index
+        out["tensor_b"] = self.tensor
+        return {column: out[column] for column in TABLE_COLUMNS}
+
+    def __repr__(self) -> str:
+        return short_repr(self, order=self.order, module_path_b=self.module_path_b, call_index_b=self.call_index_b,
+                          tensor_b=self.tensor, status=self.status, max_abs_err=self.max_abs_err,
+                          atol=self.atol, rtol=self.rtol)
 
     def describe(self) -> str:
         """One line naming the pair and its error, e.g. for assertion messages."""
         where = self.module_path_b if self.module_path_a == self.module_path_b else \
             f"{self.module_path_a} ~ {self.module_path_b}"
         call = f" (call {self.call_index})" if self.call_index else ""
+        if self.op is not None:  # an op row: "torch.Tensor.mul #7 inside model.layers.1.self_attn"
+            where = f"{self.op} #{self.op_index} inside {where}"
         if self.status in ("shape_mismatch", "unreadable", "no_data"):
             return f"{where}{call} {self.tensor}: {self.reason}"
         approx = " (approximate, from statistics)" if self.approximate else ""
@@ -117,7 +151,19 @@ class TensorComparison:
                 f"would pass with atol>={self.required_atol:.3g} or rtol>={self.required_rtol:.3g}{approx}")
 
 
-TABLE_COLUMNS = [f.name for f in fields(TensorComparison)]
+def _table_columns() -> list[str]:
+    """The dataclass fields, with the symmetric aliases next to the names they mirror."""
+    columns = []
+    for name in (f.name for f in fields(TensorComparison)):
+        columns.append(name)
+        if name == "call_index":
+            columns.append("call_index_a")
+        elif name == "tensor":
+            columns.append("tensor_b")
+    return columns
+
+
+TABLE_COLUMNS = _table_columns()
 
 
 @dataclass(frozen=True)
@@ -150,7 +196,11 @@ class ArgumentDiff:
 
 @dataclass(frozen=True)
 class Alignment:
-    """Everything ``tracediff.align`` found; truthy when every compared tensor passed."""
+    """Everything ``tracediff.align`` found; truthy when every compared tensor passed.
+
+    ``repr(result)`` is one short line; in Jupyter the result shows as a small
+    table with the verdict and the first divergence.
+    """
 
     trace_a: str
     trace_b: str
@@ -169,13 +219,20 @@ class Alignment:
     ignored: tuple[TensorComparison, ...] = ()
     unrecorded_a: tuple[str, ...] = ()
     unrecorded_b: tuple[str, ...] = ()
-    incomplete_a: str | None = None
+    incomplete_a: str | None = None  # why trace A does not cover the whole forward (None: complete)
     incomplete_b: str | None = None
+    allow_incomplete: bool = False  # an incomplete trace fails the verdict unless this is set
+    noise_factor: float | None = None  # the factor applied to the baseline's noise floor (None: no baseline)
 
     @property
     def passed(self) -> bool:
-        """True when no compared tensor is out of tolerance or unreadable."""
-        return all(row.within_tolerance is not False and row.status != "unreadable" for row in self.rows)
+        """True when no compared tensor is out of tolerance or unreadable, and both traces are complete.
+
+        A comparison that ends where an incomplete trace ends is never a pass
+        of the whole model, unless ``align(..., allow_incomplete=True)``.
+        """
+        complete = self.allow_incomplete or (self.incomplete_a is None and self.incomplete_b is None)
+        return complete and all(row.passed for row in self.rows)
 
     def __bool__(self) -> bool:
         return self.passed
@@ -200,6 +257,8 @@ class Alignment:
 
     @cached_property
     def _frame(self) -> pd.DataFrame:
+        import pandas as pd  # imported on first use: it costs start-up time to every align
+
         return pd.DataFrame([row.to_dict() for row in self.rows], columns=TABLE_COLUMNS)
 
     @property
@@ -220,10 +279,33 @@ class Alignment:
         }
 
     def to_html(self) -> str:
-        """The self-contained HTML report (see :mod:`tracediff.render.html`); write it with UTF-8."""
-        from ..render.html import render_html  # renderers are imported only when asked for
+        """The self-contained HTML report; write it with UTF-8.
 
-        return render_html(self)
+        The same as ``tracediff.render.html.render_html(result)``: the renderer is
+        looked up in the registry that :mod:`tracediff.render` fills (see
+        :func:`tracediff._display.renderer_for`), so this module imports no renderer.
+        """
+        return renderer_for(self, "html")(self)
+
+    def __repr__(self) -> str:
+        first = self.first_divergence
+        return short_repr(self, passed=self.passed, compared=len(self.rows), diverged=len(self.diverged),
+                          first_divergence=first.describe() if first is not None else None,
+                          trace_a=self.trace_a, trace_b=self.trace_b)
+
+    def _repr_html_(self) -> str:
+        first, back = self.first_divergence, self.first_backward_divergence
+        facts: list[tuple[str, Any]] = [
+            ("trace A", f"{self.trace_a} ({self.model_a})"), ("trace B", f"{self.trace_b} ({self.model_b})"),
+            ("compared", len(self.rows)), ("diverged", len(self.diverged)), ("unreadable", len(self.unreadable)),
+            ("unmatched", f"{len(self.unmatched_a)} in A, {len(self.unmatched_b)} in B"),
+            ("first divergence", first.describe() if first is not None else None),
+        ]
+        if back is not None:
+            facts.append(("first backward divergence", back.describe()))
+        if first is not None and first.origin:
+            facts.append(("origin", first.origin))
+        return summary_html("Alignment", facts, passed=self.passed)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON report (``format_version`` 1)."""
@@ -237,7 +319,7 @@ class Alignment:
             "model_b": self.model_b,
             "matching": "structural" if self.structural else "by name",
             "summary": self.summary(),
-            "first_divergence": first.to_dict() if first is not None else None,  # a diverged row is falsy
+            "first_divergence": first.to_dict() if first is not None else None,
             "first_backward_divergence": (
                 self.first_backward_divergence.to_dict() if self.first_backward_divergence is not None else None
             ),
@@ -254,4 +336,6 @@ class Alignment:
             "unrecorded_b": list(self.unrecorded_b),
             "incomplete_a": self.incomplete_a,
             "incomplete_b": self.incomplete_b,
+            "allow_incomplete": self.allow_incomplete,
+            "noise_factor": self.noise_factor,
         }

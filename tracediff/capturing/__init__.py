@@ -11,7 +11,8 @@ Two entry points write the standard trace of transformers' debugger:
 """
 
 from .compat import model_addition_debugger_context
-from .session import METADATA_FILE, CaptureSession, capture
+from ..format import METADATA_FILE
+from .session import CaptureSession, capture
 from .verify import Verification
 
 __all__ = ["capture", "CaptureSession", "model_addition_debugger_context", "Verification", "METADATA_FILE"]

@@ -31,6 +31,8 @@ from typing import Any
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from .. import format as fmt
+
 
 class BackwardRecorder:
     """Holds the hooks and the backward nodes of one capture."""
@@ -53,10 +55,9 @@ class BackwardRecorder:
             k = self._seen[path]
             self._seen[path] += 1
             call_index = max(self._forward_calls.get(path, 1) - 1 - k, 0)
-            prefix = path if call_index == 0 else f"{path}@{call_index}"
-            node = {"module_path": path, "module_type": type(module).__name__, "call_index": call_index,
-                    "grad_outputs": self._encode(list(grad_output), f"{prefix}_grad_outputs"),
-                    "backward_order": [self._tick(), None]}
+            prefix = fmt.call_prefix(path, call_index)
+            grads = self._encode(list(grad_output), fmt.payload_name(prefix, fmt.GRAD_OUTPUTS))
+            node = fmt.backward_node_entry(path, type(module).__name__, call_index, grads, self._tick())
             self._pending[path].append(node)
             self.nodes.append(node)
 
@@ -67,9 +68,9 @@ class BackwardRecorder:
             if not self._pending[path]:
                 return
             node = self._pending[path].pop()
-            prefix = node["module_path"] if node["call_index"] == 0 else f"{path}@{node['call_index']}"
-            node["grad_inputs"] = self._encode(list(grad_input), f"{prefix}_grad_inputs")
-            node["backward_order"][1] = self._tick()
+            prefix = fmt.call_prefix(path, node[fmt.CALL_INDEX])
+            node[fmt.GRAD_INPUTS] = self._encode(list(grad_input), fmt.payload_name(prefix, fmt.GRAD_INPUTS))
+            node[fmt.BACKWARD_ORDER][1] = self._tick()
 
         return hook
 

@@ -24,7 +24,6 @@ For repeated calls, parent outputs, numeric statistics and metadata, use
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from io import StringIO
@@ -34,17 +33,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from .. import format as fmt
 from .._io import write_json, write_tensor_file
+from .._repr import sanitize_repr  # noqa: F401 - also imported from here by encode.py and older code
 from ._patch import ForwardPatch, print_options
-from ._tree import drop_parent_outputs, prune_intermediate_layers, trace_file_names, without_values
+from ._tree import drop_parent_outputs, prune_intermediate_layers, without_values
 from .distributed import current_rank
 
-_ADDRESS = re.compile(r"object at 0x[0-9A-Fa-f]+")
-
-
-def sanitize_repr(text: str) -> str:
-    """Mask memory addresses so that two traces' reprs can be diffed."""
-    return _ADDRESS.sub("object at 0xXXXXXXXX", text)
 
 
 def _tensor_lines(tensor: torch.Tensor) -> list[str]:
@@ -65,9 +60,9 @@ class _StandardEncoder:
 
     def encode(self, value: Any, name: str) -> Any:
         if isinstance(value, (list, tuple)):
-            return [self.encode(item, f"{name}_{i}") for i, item in enumerate(value)]
+            return [self.encode(item, fmt.payload_name(name, i)) for i, item in enumerate(value)]
         if isinstance(value, dict):
-            return {key: self.encode(item, f"{name}_{key}") for key, item in value.items()}
+            return {key: self.encode(item, fmt.payload_name(name, key)) for key, item in value.items()}
         if hasattr(value, "_local_tensor"):
             return self._tensor(value._local_tensor, name)
         if isinstance(value, torch.Tensor):
@@ -78,17 +73,15 @@ class _StandardEncoder:
         if self.use_repr:
             stored: Any = _tensor_lines(tensor)
         else:
-            file_name = f"{name}.safetensors"
+            file_name = fmt.payload_file_name(name)  # not sanitized: the same names as transformers' debugger
             target = os.path.join(self.debug_path, file_name) if self.debug_path else file_name
             write_tensor_file(target, tensor)
-            stored = f"./{file_name}"
-        out: dict[str, Any] = {"shape": repr(tensor.shape), "dtype": repr(tensor.dtype), "value": stored}
-        if tensor.dtype in _STANDARD_STAT_DTYPES:
-            out["mean"] = sanitize_repr(repr(tensor.mean()))
-            out["std"] = sanitize_repr(repr(tensor.std()))
-            out["min"] = sanitize_repr(repr(tensor.min()))
-            out["max"] = sanitize_repr(repr(tensor.max()))
-        return out
+            stored = fmt.payload_reference(file_name)
+        strings: dict[str, str] | None = None
+        if tensor.dtype in _STANDARD_STAT_DTYPES:  # mean, std, min, max
+            values = (tensor.mean(), tensor.std(), tensor.min(), tensor.max())
+            strings = {key: sanitize_repr(repr(v)) for key, v in zip(fmt.STRING_STAT_KEYS, values)}
+        return fmt.tensor_entry(repr(tensor.shape), repr(tensor.dtype), stored, string_stats=strings)
 
 
 class _StandardRecorder:
@@ -107,12 +100,12 @@ class _StandardRecorder:
             return None
         is_root = path == self.model_name
         if is_root:
-            inputs = self.encoder.encode({"args": args, "kwargs": kwargs}, f"{path}_inputs")
-            node = {"module_path": f"{path} (top-level)", "inputs": inputs, "outputs": None, "children": []}
+            inputs = self.encoder.encode({fmt.ARGS: args, fmt.KWARGS: kwargs}, fmt.payload_name(path, fmt.INPUTS))
+            node = fmt.node_entry(f"{path} (top-level)", inputs=inputs, outputs=None, children=[])
         else:
-            given = {key: val for key, val in (("args", args), ("kwargs", kwargs)) if len(val) > 0}
-            node = {"module_path": path, "inputs": self.encoder.encode(given, f"{path}_inputs"),
-                    "outputs": None, "children": []}
+            given = {key: val for key, val in ((fmt.ARGS, args), (fmt.KWARGS, kwargs)) if len(val) > 0}
+            node = fmt.node_entry(path, inputs=self.encoder.encode(given, fmt.payload_name(path, fmt.INPUTS)),
+                                  outputs=None, children=[])
         self.stack.append(node)
         return (node, path, is_root)
 
@@ -121,14 +114,14 @@ class _StandardRecorder:
             return
         node, path, is_root = token
         if is_root or path not in self.parents:
-            node["outputs"] = self.encoder.encode(output, f"{path}_outputs")
+            node[fmt.OUTPUTS] = self.encoder.encode(output, fmt.payload_name(path, fmt.OUTPUTS))
         self._close(node, is_root)
 
     def error(self, token: Any, exc: BaseException) -> None:
         if token is None:
             return
         node, _, is_root = token
-        node["error"] = {"type": type(exc).__name__, "message": sanitize_repr(str(exc))}
+        node[fmt.ERROR] = fmt.error_entry(type(exc).__name__, sanitize_repr(str(exc)))
         self._close(node, is_root)
 
     def _close(self, node: dict[str, Any], is_root: bool) -> None:
@@ -137,15 +130,15 @@ class _StandardRecorder:
         if self.stack:
             self.stack.pop()
         if not is_root:
-            if not node["children"]:
-                node.pop("children")
+            if not node[fmt.CHILDREN]:
+                node.pop(fmt.CHILDREN)
             if self.stack:
-                self.stack[-1]["children"].append(node)
+                self.stack[-1][fmt.CHILDREN].append(node)
             return
-        tree = {"module_path": self.model_name, "inputs": node["inputs"], "outputs": node["outputs"],
-                "children": node["children"]}
-        if "error" in node:
-            tree["error"] = node["error"]
+        tree = fmt.node_entry(self.model_name, inputs=node[fmt.INPUTS], outputs=node[fmt.OUTPUTS],
+                              children=node[fmt.CHILDREN])
+        if fmt.ERROR in node:
+            tree[fmt.ERROR] = node[fmt.ERROR]
         tree = {key: val for key, val in tree.items() if val}
         if self.do_prune_layers:
             prune_intermediate_layers(tree)
@@ -153,7 +146,7 @@ class _StandardRecorder:
         self._write(tree)
 
     def _write(self, tree: dict[str, Any]) -> None:
-        full, summary = trace_file_names(self.model_name)
+        full, summary = fmt.trace_file_names(self.model_name)
         folder = Path(self.debug_path) if self.debug_path else Path(".")
         write_json(folder / full, tree)
         write_json(folder / summary, without_values(tree))

@@ -6,6 +6,8 @@ from typing import Any
 
 import torch
 
+from ..format import dtensor_entry
+
 
 def _initialized() -> bool:
     return bool(torch.distributed.is_available() and torch.distributed.is_initialized())
@@ -26,9 +28,7 @@ def is_dtensor(value: Any) -> bool:
     return isinstance(value, torch.Tensor) and hasattr(value, "_local_tensor")
 
 
-def dtensor_layout(value: Any) -> dict[str, Any]:
-    """The global shape and placements of a DTensor, as JSON values."""
-    return {
-        "global_shape": list(value.shape),
-        "placements": [repr(p) for p in getattr(value, "placements", ())],
-    }
+def dtensor_layout(value: Any, *, full: bool) -> dict[str, Any]:
+    """The ``dtensor`` entry of a DTensor: global shape, placements, and whether the full tensor is recorded."""
+    placements = [repr(p) for p in getattr(value, "placements", ())]
+    return dtensor_entry(list(value.shape), placements, "full" if full else "local")

@@ -23,50 +23,32 @@ measured twice: its entry points to the first payload.
 from __future__ import annotations
 
 import dataclasses
-import re
 import weakref
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
 
+from .. import format as fmt
 from .._io import write_tensor_file
+from ..format import as_json, is_json_safe
 from .compat import _tensor_lines, sanitize_repr
+from .device_stats import DeviceStats, measured_on_device, placeholder_strings
 from .distributed import dtensor_layout, is_dtensor
+from .pipeline import PayloadPipeline
 from .stats import FLOAT_DTYPES, StatsBuffers, string_fields, tensor_stats
 
 TensorMode = Literal["full", "summary", "repr"]
-_UNSAFE_FILE_CHARS = re.compile(r"[^\w.@+=-]")
-_PLAIN_SCALARS = (type(None), bool, int, float, str)
-
-
-def is_json_safe(value: Any, depth: int = 0) -> bool:
-    """True when ``value`` is None/bool/int/float/str or lists/tuples/str-keyed dicts of those."""
-    if isinstance(value, _PLAIN_SCALARS):
-        return True
-    if depth > 32:
-        return False
-    if type(value) in (list, tuple):
-        return all(is_json_safe(item, depth + 1) for item in value)
-    if type(value) is dict:
-        return all(isinstance(k, str) and is_json_safe(v, depth + 1) for k, v in value.items())
-    return False
-
-
-def as_json(value: Any) -> Any:
-    """A JSON-safe value with tuples as lists (for values ``is_json_safe`` accepted)."""
-    if isinstance(value, (list, tuple)):
-        return [as_json(item) for item in value]
-    if isinstance(value, dict):
-        return {k: as_json(v) for k, v in value.items()}
-    return value
+__all__ = ["Encoder", "TensorMode", "as_json", "is_json_safe"]
 
 
 class Encoder:
     """Encodes values for one capture; keeps the payload counters and what it has seen."""
 
-    def __init__(self, folder: Path, tensors: TensorMode, *, full_dtensor: bool = False) -> None:
+    def __init__(self, folder: Path, tensors: TensorMode, *, full_dtensor: bool = False,
+                 pipeline: PayloadPipeline | None = None) -> None:
         self.folder = folder
+        self.pipeline = pipeline  # writes payloads on writer threads; None: written here, synchronously
         self.tensors = tensors
         self.full_dtensor = full_dtensor
         self.files = 0
@@ -76,6 +58,7 @@ class Encoder:
         self._seen: dict[int, tuple[weakref.ref[torch.Tensor], int, dict[str, Any]]] = {}
         self._file_stems: set[str] = set()
         self._stats_buffers = StatsBuffers()
+        self._device_stats = DeviceStats(self._stats_buffers)
         self._unwritten: list[tuple[Path, torch.Tensor, dict[str, Any]]] = []
 
     def encode(self, value: Any, name: str) -> Any:
@@ -90,7 +73,8 @@ class Encoder:
             encoded = self._encode(value, name)
             while self._unwritten:
                 path, tensor, _ = self._unwritten[0]
-                self.payload_bytes += write_tensor_file(path, tensor)
+                write = self.pipeline.submit if self.pipeline is not None else write_tensor_file
+                self.payload_bytes += write(path, tensor)
                 self.files += 1
                 del self._unwritten[0]
         except BaseException:
@@ -105,15 +89,15 @@ class Encoder:
         if isinstance(value, torch.Tensor):
             return self._tensor(value, name)
         if is_json_safe(value):
-            return {"py_type": type(value).__name__, "py_value": as_json(value)}
+            return fmt.typed_value(value)
         if isinstance(value, (list, tuple)):
-            return [self._encode(item, f"{name}_{i}") for i, item in enumerate(value)]
+            return [self._encode(item, fmt.payload_name(name, i)) for i, item in enumerate(value)]
         if isinstance(value, dict):
-            return {str(key): self._encode(item, f"{name}_{key}") for key, item in value.items()}
+            return {str(key): self._encode(item, fmt.payload_name(name, key)) for key, item in value.items()}
         if dataclasses.is_dataclass(value) and not isinstance(value, type):
             fields = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
-            return {key: self._encode(item, f"{name}_{key}") for key, item in fields.items()}
-        return {"py_type": type(value).__name__, "repr": sanitize_repr(repr(value))}
+            return {key: self._encode(item, fmt.payload_name(name, key)) for key, item in fields.items()}
+        return fmt.typed_repr(type(value).__name__, sanitize_repr(repr(value)))
 
     def _tensor(self, value: torch.Tensor, name: str) -> dict[str, Any]:
         seen = self._seen.get(id(value))
@@ -122,45 +106,56 @@ class Encoder:
         layout = None
         tensor = value
         if is_dtensor(value):
-            layout = dtensor_layout(value)
+            layout = dtensor_layout(value, full=self.full_dtensor)
             tensor = value.full_tensor() if self.full_dtensor else value._local_tensor
         tensor = tensor.detach()
         entry = self._describe(tensor, name)
         if layout is not None:
-            layout["recorded"] = "full" if self.full_dtensor else "local"
-            entry["dtensor"] = layout
+            entry[fmt.DTENSOR] = layout
         key = id(value)
         self._seen[key] = (weakref.ref(value, lambda _ref, key=key: self._seen.pop(key, None)), value._version, entry)
         return entry
 
+    def _measure(self, tensor: torch.Tensor) -> dict[str, Any]:
+        """The statistics of a host tensor now; an empty dict for a device tensor, filled in later."""
+        return {} if measured_on_device(tensor) else tensor_stats(tensor, buffers=self._stats_buffers)
+
+    def resolve_stats(self) -> None:
+        """Read back the statistics still pending on devices (the entries are complete afterwards)."""
+        self._device_stats.resolve()
+
     def _unique_file_name(self, name: str) -> str:
         """``{name}.safetensors`` made file-safe; ``{name}~{k}`` when two names sanitize alike."""
-        stem = base = _UNSAFE_FILE_CHARS.sub("_", name)
+        stem = base = fmt.payload_stem(name)
         k = 0
         while stem in self._file_stems:
             k += 1
             stem = f"{base}~{k}"
         self._file_stems.add(stem)
-        return f"{stem}.safetensors"
+        return fmt.payload_file_name(stem)
 
     def _describe(self, tensor: torch.Tensor, name: str) -> dict[str, Any]:
         dtype = tensor.dtype
         device = str(tensor.device)
         self.devices.add(device)
         self.dtypes.add(str(dtype))
-        entry: dict[str, Any] = {"shape": repr(tensor.shape), "dtype": repr(dtype)}
+        stored: str | list[str] | None = None
         if self.tensors == "full":
             tensor = tensor.contiguous()  # one copy at most, shared by the payload and the statistics
             file_name = self._unique_file_name(name)
-            stats = tensor_stats(tensor, buffers=self._stats_buffers)
-            self._unwritten.append((self.folder / file_name, tensor, entry))
-            entry["value"] = f"./{file_name}"
+            stats = self._measure(tensor)
+            stored = fmt.payload_reference(file_name)
         else:
             if self.tensors == "repr":
-                entry["value"] = _tensor_lines(tensor)
-            stats = tensor_stats(tensor, buffers=self._stats_buffers)
-        if dtype in FLOAT_DTYPES and stats.get("numel"):
-            entry.update(string_fields(stats, dtype))
-        entry["stats"] = stats
-        entry["device"] = device
+                stored = _tensor_lines(tensor)
+            stats = self._measure(tensor)
+        on_device = measured_on_device(tensor)  # statistics queued on the device, filled in by resolve_stats()
+        strings = placeholder_strings(tensor) if on_device else \
+            string_fields(stats, dtype) if dtype in FLOAT_DTYPES and stats.get("numel") else None
+        entry = fmt.tensor_entry(repr(tensor.shape), repr(dtype), stored, string_stats=strings, stats=stats,
+                                 device=device)
+        if on_device:
+            self._device_stats.launch(tensor, entry, stats)
+        if self.tensors == "full":
+            self._unwritten.append((self.folder / file_name, tensor, entry))
         return entry

@@ -37,7 +37,7 @@ import shutil
 import sys
 import warnings
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,19 +46,23 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
+from .. import format as fmt
 from .._io import ensure_writable_dir, write_json, write_json_pair
+from .._display import short_repr, summary_html
 from .._version import __version__
 from ..errors import OutputDirError, TracediffError, UsageError
 from ._patch import ForwardPatch
+from .journal import Journal, claim_folder, held_claim
+from .signals import termination_as_interrupt
+from .ops import op_capture, select_ops
 from .backward import BackwardRecorder
 from ._tree import prune_intermediate_layers, trace_file_names
 from .compat import sanitize_repr
 from .distributed import current_rank, world_size
 from .encode import Encoder, TensorMode
+from .pipeline import DEFAULT_POOL_MB, check_pipeline_options, close_pipeline, payload_pipeline
 from .verify import Verification, compare_outputs
 
-METADATA_FILE = "tracediff_metadata.json"
-FORMAT_VERSION = 1
 _TENSOR_MODES = ("full", "summary", "repr")
 
 
@@ -72,9 +76,26 @@ class CaptureSession:
     calls: int = 0
     files: int = 0
     payload_bytes: int = 0
+    ops: int = 0
     error: dict[str, Any] | None = None
     verification: Verification | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
+
+    def __repr__(self) -> str:
+        return short_repr(self, trace_dir=str(self.trace_dir), complete=self.complete, calls=self.calls,
+                          files=self.files, payload_bytes=self.payload_bytes, error=_error_line(self.error))
+
+    def _repr_html_(self) -> str:
+        facts = [("trace folder", str(self.trace_dir)), ("complete", self.complete), ("calls", self.calls),
+                 ("files", self.files), ("payload bytes", self.payload_bytes), ("error", _error_line(self.error))]
+        if self.verification is not None:
+            facts.append(("verification", "bit-identical" if self.verification.identical else "differs"))
+        return summary_html("CaptureSession", facts)
+
+
+def _error_line(error: dict[str, Any] | None) -> str | None:
+    """``"Type: message"`` of a recorded error, or None."""
+    return None if error is None else f"{error.get('type', 'error')}: {error.get('message', '')}"
 
 
 class _NativeRecorder:
@@ -92,30 +113,35 @@ class _NativeRecorder:
         self.backward: BackwardRecorder | None = None
         self.root_call: tuple[tuple[Any, ...], dict[str, Any], Any, Any] | None = None
         self._rng_at_root: Any = None
+        self.journal: Journal | None = None  # calls started and finished, for a process that dies (journal.py)
 
     def enter(self, module: nn.Module, path: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         call_index = self.counts[path]
         self.counts[path] += 1
-        node: dict[str, Any] = {"module_path": path, "module_type": type(module).__name__, "call_index": call_index}
+        node = fmt.node_entry(path, module_type=type(module).__name__, call_index=call_index)
         if path == self.model_name and self.root_call is None:
             self._rng_at_root = _rng_state()
-        prefix = path if call_index == 0 else f"{path}@{call_index}"
+        prefix = fmt.call_prefix(path, call_index)
         # Encode each argument on its own so that ``inputs`` is always {"args": [...], "kwargs": {...}},
         # even when every argument is a plain Python value.
         inputs: dict[str, Any] = {}
         if args:
-            inputs["args"] = [self._encode(arg, f"{prefix}_inputs_args_{i}") for i, arg in enumerate(args)]
+            name = fmt.payload_name(fmt.payload_name(prefix, fmt.INPUTS), fmt.ARGS)
+            inputs[fmt.ARGS] = [self._encode(arg, fmt.payload_name(name, i)) for i, arg in enumerate(args)]
         if kwargs:
-            inputs["kwargs"] = {str(k): self._encode(v, f"{prefix}_inputs_kwargs_{k}") for k, v in kwargs.items()}
-        node["inputs"] = inputs
-        node["children"] = []
+            name = fmt.payload_name(fmt.payload_name(prefix, fmt.INPUTS), fmt.KWARGS)
+            inputs[fmt.KWARGS] = {str(k): self._encode(v, fmt.payload_name(name, k)) for k, v in kwargs.items()}
+        node[fmt.INPUTS] = inputs
+        node[fmt.CHILDREN] = []
+        if self.journal is not None:
+            self.journal.entered(node, self.stack[-1] if self.stack else None)
         self.stack.append(node)
         return (node, prefix, args, kwargs)
 
     def exit(self, token: Any, output: Any) -> None:
         node, prefix, args, kwargs = token
-        node["outputs"] = self._encode(output, f"{prefix}_outputs")
-        if node["module_path"] == self.model_name and self.root_call is None:
+        node[fmt.OUTPUTS] = self._encode(output, fmt.payload_name(prefix, fmt.OUTPUTS))
+        if node[fmt.MODULE_PATH] == self.model_name and self.root_call is None:
             self.root_call = (args, kwargs, output, self._rng_at_root)
         self._raised_in_call = None  # a call returned: any exception raised before was caught by the model
         self._close(node)
@@ -123,10 +149,10 @@ class _NativeRecorder:
     def error(self, token: Any, exc: BaseException) -> None:
         node = token[0]
         message = sanitize_repr(str(exc)).splitlines()[0] if str(exc) else ""
-        node["error"] = {"type": type(exc).__name__, "message": message}
+        node[fmt.ERROR] = fmt.error_entry(type(exc).__name__, message)
         if self._raised_in_call is None:  # the innermost module, where the exception was raised
-            self._raised_in_call = {"module_path": node["module_path"], "call_index": node["call_index"],
-                                    **node["error"]}
+            self._raised_in_call = {fmt.MODULE_PATH: node[fmt.MODULE_PATH], fmt.CALL_INDEX: node[fmt.CALL_INDEX],
+                                    **node[fmt.ERROR]}
         if self._close(node):
             if self.escaped_error is None:
                 self.escaped_error = self._raised_in_call
@@ -146,21 +172,23 @@ class _NativeRecorder:
 
     def _close(self, node: dict[str, Any]) -> bool:
         """Attach a finished call to its parent; True when it was a top-level call."""
+        if self.journal is not None:  # payloads are written synchronously: they are on disk now
+            self.journal.finished(node)
         while self.stack and self.stack[-1] is not node:
             self.stack.pop()
         if self.stack:
             self.stack.pop()
-        if not node["children"]:
-            del node["children"]
+        if not node[fmt.CHILDREN]:
+            del node[fmt.CHILDREN]
         if self.progress is not None:
             self.progress.update(1)
         if self.stack:
-            self.stack[-1]["children"].append(node)
+            self.stack[-1][fmt.CHILDREN].append(node)
             return False
         if self.tree is None:
             self.tree = node
         else:
-            self.tree.setdefault("subsequent_calls", []).append(node)
+            self.tree.setdefault(fmt.SUBSEQUENT_CALLS, []).append(node)
         return True
 
 
@@ -178,11 +206,8 @@ def _set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-_TRACE_FILE_SUFFIXES = (".safetensors", "_debug_tree_FULL_TENSORS.json", "_debug_tree_SUMMARY.json")
-
-
 def _is_trace_file(path: Path) -> bool:
-    return path.name == METADATA_FILE or path.name.endswith(_TRACE_FILE_SUFFIXES)
+    return fmt.is_trace_file(path.name)
 
 
 def check_out_dir(out_dir: Path, *, overwrite: bool) -> None:
@@ -225,6 +250,12 @@ def capture(
     full_dtensor: bool = False,
     backward: bool = False,
     progress: bool = False,
+    ops: bool | Sequence[str] = False,
+    ops_exclude: str | Sequence[str] = (),
+    ops_in: str | Sequence[str] = (),
+    ops_min_numel: int = 0,
+    writers: int | None = None,
+    pool_mb: int = DEFAULT_POOL_MB,
 ) -> Iterator[CaptureSession]:
     """Record every module call of ``model`` made inside the block into ``out_dir``.
 
@@ -249,6 +280,23 @@ def capture(
             :mod:`tracediff.capturing.backward`).
         progress: show a progress bar of module calls on stderr (only when
             stderr is a terminal).
+        ops: also record the torch functions each module's own code calls,
+            as op nodes under the module call (default False). ``True``: every
+            op but views and shape queries; a list of glob patterns
+            (``["matmul", "softmax"]``): only those. See
+            :mod:`tracediff.capturing.ops`.
+        ops_exclude: op name patterns not to record (implies ``ops=True``).
+        ops_in: record ops only inside module calls whose path matches one of
+            these globs, and inside their submodules (implies ``ops=True``).
+        ops_min_numel: skip ops whose tensor outputs all have fewer elements
+            (default 0).
+        writers: threads that write payload files while the forward goes on
+            (``tensors="full"`` only). Default: 2 with CUDA or when cores
+            outnumber torch's threads, else 0 (written in the hook). See
+            :mod:`tracediff.capturing.pipeline`.
+        pool_mb: host memory for payloads waiting for a writer, in MiB
+            (default 256). The forward waits when it is full; a tensor larger
+            than the pool is written directly.
 
     Yields:
         A ``CaptureSession``, complete once the block exits.
@@ -260,25 +308,40 @@ def capture(
     """
     if tensors not in _TENSOR_MODES:
         raise UsageError(f"tensors={tensors!r}: expected one of {', '.join(_TENSOR_MODES)}")
+    check_pipeline_options(writers, pool_mb)
+    op_selection = select_ops(model, ops, exclude=ops_exclude, inside=ops_in, min_numel=ops_min_numel)
     rank, world = current_rank(), world_size()
     recording = ranks == "all" or ranks == rank
     out = Path(out_dir)
     folder = out / f"rank{rank}" if ranks == "all" and world > 1 else out
+    claim = None
     if recording:
-        prepare_out_dir(folder, overwrite=overwrite)
+        # Lock first, then check and clear: a second capture into the folder is refused, never overwritten.
+        claim = held_claim(folder) or claim_folder(folder, overwrite=overwrite)
+        try:
+            claim.clear_earlier_trace()
+            ensure_writable_dir(folder)
+        except BaseException:
+            claim.release()
+            raise
     session = CaptureSession(trace_dir=folder, recording=recording)
     if not recording:
         yield from _pass_through(model, session, gather=full_dtensor and world > 1, verify=verify)
         return
 
-    encoder = Encoder(folder, tensors, full_dtensor=full_dtensor)
+    pipeline = payload_pipeline(tensors, writers, pool_mb)
+    encoder = Encoder(folder, tensors, full_dtensor=full_dtensor, pipeline=pipeline)
     bar = _progress_bar(progress)
     recorder = _NativeRecorder(model, encoder, bar)
-    patch = ForwardPatch(model, recorder, root_name=recorder.model_name)
+    recorder.journal = Journal(folder)
+    op_recorder = op_capture(recorder, op_selection)
+    patch = ForwardPatch(model, op_recorder or recorder, root_name=recorder.model_name)
     recorder.backward = BackwardRecorder(model, recorder.model_name, recorder._encode, recorder.counts) \
         if backward else None
     options = {"tensors": tensors, "prune_layers": prune_layers, "verify": verify, "ranks": ranks,
-               "full_dtensor": full_dtensor, "backward": backward}
+               "full_dtensor": full_dtensor, "backward": backward,
+               "ops": op_recorder.selection.to_dict() if op_recorder else None,
+               "payload_pipeline": pipeline.options if pipeline is not None else None}
     started = _dt.datetime.now(_dt.timezone.utc)
     raised = False
     quiet = warnings.catch_warnings()
@@ -288,11 +351,17 @@ def capture(
         warnings.filterwarnings("ignore", message="For backward hooks to be called")
         warnings.filterwarnings("ignore", message="Full backward hook is firing")
     try:
-        yield session
+        if op_recorder is not None:
+            op_recorder.start()
+        with termination_as_interrupt():  # SIGTERM/SIGHUP end the forward as Ctrl-C does: partial trace kept
+            yield session
     except BaseException:
         raised = True
         raise
     finally:
+        if op_recorder is not None:
+            op_recorder.stop()
+            session.ops = op_recorder.recorded
         patch.restore()
         if backward:
             quiet.__exit__(None, None, None)
@@ -302,7 +371,13 @@ def capture(
             bar.close()
         if verify and not raised and recorder.root_call is not None and recorder.failure is None:
             session.verification = _verify(model, recorder.root_call)
-        _finish(session, recorder, model, options, started, rank, world)
+        try:
+            _finish(session, recorder, model, options, started, rank, world)
+        finally:
+            written = recorder.tree is None or (folder / fmt.trace_file_names(recorder.model_name)[0]).is_file()
+            recorder.journal.close() if not written else recorder.journal.remove()  # kept when no trace JSON
+            if claim is not None:
+                claim.release()
     if recorder.failure is not None:
         raise recorder.failure
 
@@ -372,6 +447,7 @@ def _finish(
     world: int,
 ) -> None:
     encoder = recorder.encoder
+    close_pipeline(recorder, options)
     open_calls = bool(recorder.stack)
     while recorder.stack:  # calls interrupted by something other than an exception in forward
         recorder._close(recorder.stack[-1])
@@ -381,8 +457,7 @@ def _finish(
     session.complete = (
         recorder.tree is not None and recorder.escaped_error is None and recorder.failure is None and not open_calls
     )
-    metadata = {
-        "format_version": FORMAT_VERSION,
+    metadata = fmt.metadata_entry({
         "tracediff_version": __version__,
         "torch_version": torch.__version__,
         "python_version": platform.python_version(),
@@ -402,25 +477,27 @@ def _finish(
         "payload_files": encoder.files,
         "payload_bytes": encoder.payload_bytes,
         "verification": session.verification.to_dict() if session.verification is not None else None,
-    }
+    })
     session.metadata = metadata
     try:
         if recorder.tree is not None:
             tree = recorder.tree
             if recorder.backward is not None and recorder.backward.nodes:
-                tree["backward"] = recorder.backward.nodes
+                tree[fmt.BACKWARD] = recorder.backward.nodes
             if options["prune_layers"]:
                 prune_intermediate_layers(tree)
             full, summary = trace_file_names(recorder.model_name)
-            # SUMMARY is the tree without_values(), written without copying it (one text when no payloads)
-            write_json_pair(session.trace_dir / full, session.trace_dir / summary, tree, drop_key="value")
+            # SUMMARY is the tree without the tensor entries' values, written without copying it (one text
+            # when no payloads); a keyword argument named "value" is not a tensor entry and stays
+            write_json_pair(session.trace_dir / full, session.trace_dir / summary, tree, drop_key=fmt.VALUE,
+                            drop_where=fmt.is_tensor_entry)
     except TracediffError as e:
         if recorder.failure is None:
             recorder.failure = e
         session.complete = metadata["complete"] = False
         metadata["capture_failure"] = str(recorder.failure)
     try:  # still worth a try after a failure: it says the trace is incomplete, and why
-        write_json(session.trace_dir / METADATA_FILE, metadata)
+        write_json(session.trace_dir / fmt.METADATA_FILE, metadata)
     except TracediffError as e:
         if recorder.failure is None:
             recorder.failure = e

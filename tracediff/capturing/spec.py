@@ -18,7 +18,7 @@ import importlib
 import importlib.util
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -27,7 +27,10 @@ import torch
 from torch import nn
 
 from .._io import ensure_writable_dir, read_tensor_file
+from .._safe_read import check_regular_file
 from ..errors import CaptureSpecError, InputsFileError, OutputDirError
+from .conditions import parse_device, parse_dtype, to_conditions
+from .journal import claim_folder
 from .session import CaptureSession, capture, check_out_dir
 
 Inputs = tuple[tuple[Any, ...], dict[str, Any]]
@@ -138,28 +141,34 @@ def save_inputs(path: str | Path, inputs: Inputs) -> None:
         raise OutputDirError(f"{path}: could not write inputs: {e.strerror or e}") from e
 
 
-def load_inputs(path: str | Path, example: Inputs) -> Inputs:
-    """Replace the tensors of ``example`` with those stored in ``path``; keys must match exactly."""
+def load_inputs(path: str | Path, example: Inputs, *, inputs_map: Mapping[str, str] | None = None,
+                on_note: Callable[[str], None] | None = None) -> Inputs:
+    """Replace the tensors of ``example`` with those stored in ``path``.
+
+    Keys must match the example's slots, after ``inputs_map`` (``{"args.0":
+    "kwargs.input_ids"}``: which file key feeds which input; see
+    :mod:`tracediff.capturing.inputs_map`). ``on_note`` receives a line when
+    the only tensor of each side was paired automatically.
+    """
+    from .inputs_map import resolve_keys
     from safetensors import SafetensorError, safe_open
 
     path = Path(path)
-    if not path.is_file():
-        raise InputsFileError(f"{path}: inputs file not found")
+    check_regular_file(path, error=InputsFileError, what="inputs file")  # a FIFO or /dev/zero: refused, not read
     try:
         with safe_open(str(path), framework="pt") as f:
             keys = set(f.keys())
     except (SafetensorError, OSError, ValueError, RuntimeError) as e:
         raise InputsFileError(f"{path}: not a readable safetensors file ({str(e).splitlines()[0]})") from e
     slots = _tensor_slots(example)
-    missing, unexpected = sorted(set(slots) - keys), sorted(keys - set(slots))
-    if missing or unexpected:
-        raise InputsFileError(f"{path}: keys do not match the model's inputs (missing: {missing or 'none'}; "
-                              f"unexpected: {unexpected or 'none'}; expected: {sorted(slots)})")
+    source, note = resolve_keys(path, sorted(keys), slots, inputs_map or {}, lambda k: read_tensor_file(path, k))
+    if note is not None and on_note is not None:
+        on_note(note)
     args, kwargs = list(example[0]), dict(example[1])
     for key, original in slots.items():
         # A fresh allocation: a tensor read from the file can sit at an address that is not 64-byte aligned,
         # and CPU kernels then take another path and round differently (a Linear differs in the last bit).
-        loaded = read_tensor_file(path, key).to(original.device).clone()
+        loaded = read_tensor_file(path, source[key]).to(original.device).clone()
         kind, _, name = key.partition(".")
         if kind == "args":
             args[int(name)] = loaded
@@ -203,36 +212,76 @@ def capture_spec(
     prune_layers: bool = False,
     backward: bool = False,
     progress: bool = False,
+    ops: bool | Sequence[str] = False,
+    ops_exclude: Sequence[str] = (),
+    ops_in: Sequence[str] = (),
+    ops_min_numel: int = 0,
+    dtype: str | torch.dtype | None = None,
+    device: str | torch.device | None = None,
+    inputs_map: Mapping[str, str] | None = None,
+    on_note: Callable[[str], None] | None = None,
 ) -> CaptureSession:
     """Load a SPEC, optionally replace its inputs, and capture one forward under ``torch.no_grad()``.
 
     With ``backward=True`` the forward runs with autograd and is followed by a
     backward pass from the output's ``loss`` when it has one, else from the
-    sum of its first floating-point tensor; gradients are recorded too.
+    sum of its first floating-point tensor; gradients are recorded too. The
+    ``ops*`` options are ``capture``'s (op-level capture, off by default).
+
+    ``dtype`` (``"bfloat16"``, ``"float16"``, ...) and ``device`` (``"cuda"``)
+    cast the model and its floating inputs before the forward, as
+    :func:`tracediff.capturing.conditions.to_conditions` does: how the
+    baseline of ``align(..., baseline=...)`` is captured. Default: unchanged.
+    Saved inputs (``save_inputs_to``) are written before the cast.
+
+    ``inputs_map`` (``{"args.0": "kwargs.input_ids"}``) says which key of the
+    ``inputs`` file feeds which input of the model (see
+    :mod:`tracediff.capturing.inputs_map`); ``on_note`` receives a line when
+    the inputs were paired automatically. Default: keys must match.
 
     The output folder is checked before the model is built, and an earlier
     trace in it is replaced only once the model and its inputs are ready.
     """
     check_out_dir(Path(out_dir), overwrite=overwrite)
-    model, example = load_spec(spec)
-    args, kwargs = load_inputs(inputs, example) if inputs is not None else example
-    if save_inputs_to is not None:
-        save_inputs(save_inputs_to, (args, kwargs))
+    parse_dtype(dtype), parse_device(device)  # a bad --dtype/--device fails before the model is built
+    # Taken now, held until the capture ends: a second capture into the folder meanwhile is refused.
+    claim = claim_folder(Path(out_dir), overwrite=overwrite)
+    try:
+        model, example = load_spec(spec)
+        args, kwargs = (load_inputs(inputs, example, inputs_map=inputs_map, on_note=on_note)
+                        if inputs is not None else example)
+        if save_inputs_to is not None:
+            save_inputs(save_inputs_to, (args, kwargs))
+        model, args, kwargs = to_conditions(model, args, kwargs, dtype=dtype, device=device)
+    except BaseException:
+        claim.release()
+        raise
     session = None
     grad_mode = torch.enable_grad() if backward else torch.no_grad()
     try:
-        with grad_mode, capture(model, out_dir, tensors=tensors, overwrite=True,  # type: ignore[arg-type]
+        with grad_mode, capture(model, out_dir, tensors=tensors, overwrite=overwrite,  # type: ignore[arg-type]
                                 verify=verify, prune_layers=prune_layers, backward=backward,
-                                progress=progress) as session:
+                                progress=progress, ops=ops, ops_exclude=ops_exclude, ops_in=ops_in,
+                                ops_min_numel=ops_min_numel) as session:
             output = model(*args, **kwargs)
             if backward:
                 _scalar_loss(spec, output).backward()
     except CaptureSpecError:
         raise
-    except Exception as e:
+    except KeyboardInterrupt as e:  # Ctrl-C, SIGTERM, SIGHUP: the partial trace was written; say where
+        if session is not None:
+            e.partial_trace = session.trace_dir  # type: ignore[attr-defined]
+        raise
+    except (Exception, SystemExit) as e:  # SystemExit: the model called sys.exit(); not ours to exit with
         if session is None or session.error is None:
+            if isinstance(e, SystemExit):
+                raise CaptureSpecError(f"{spec}: the forward called sys.exit({e.code!r}); "
+                                       f"the partial trace is in {out_dir}") from None
             raise
         where = f"{session.error['module_path']} (call {session.error['call_index']})"
-        raise CaptureSpecError(f"{spec}: the forward raised {type(e).__name__} in {where}: {_first_line(e)}; "
+        what = f"SystemExit({e.code!r})" if isinstance(e, SystemExit) else type(e).__name__
+        raise CaptureSpecError(f"{spec}: the forward raised {what} in {where}: {_first_line(e)}; "
                                f"the partial trace is in {session.trace_dir}") from e
+    finally:
+        claim.release()  # already released by capture() unless it failed before taking it over
     return session

@@ -23,13 +23,15 @@ from typing import Any
 
 import torch
 
+from .. import format as fmt
+
 FLOAT_DTYPES = {torch.float16, torch.bfloat16, torch.float32, torch.float64} | {
     getattr(torch, name)
     for name in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu")
     if hasattr(torch, name)
 }
 
-STAT_KEYS = ("numel", "mean", "std", "min", "max", "abs_mean", "nan", "posinf", "neginf", "zeros")
+STAT_KEYS = fmt.STAT_KEYS  # the keys of ``tensor_stats`` for a floating tensor, named by the trace format
 
 # Elements per pass over the work buffers: bounds their size, and keeps every
 # partial count of non-zeros below 2**24, where float32 counts exactly.
@@ -166,7 +168,7 @@ def string_fields(stats: dict[str, Any], dtype: torch.dtype) -> dict[str, str]:
     """``mean``, ``std``, ``min`` and ``max`` of ``stats`` as ``format_scalar`` writes them."""
     suffix = _dtype_suffix(dtype)
     fields = {}
-    for key in ("mean", "std", "min", "max"):
+    for key in fmt.STRING_STAT_KEYS:
         value = stats.get(key)
         fields[key] = "None" if value is None else _scalar_body(value) + suffix
     return fields

@@ -19,18 +19,42 @@ def add_alignment_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rtol", action="append", metavar="F|PATTERN=F",
                         help="relative tolerance, global or per module-path glob (repeatable)")
     parser.add_argument("--map", metavar="FILE",
-                        help='rename rules for A\'s paths: {"rename": [[regex, repl], ...]}')
+                        help='rename rules for A\'s paths, and slot renames: {"rename": [[regex, repl], ...], '
+                             '"slots": [[module_regex, slot_a, slot_b], ...]} (always applied)')
+    parser.add_argument("--match", choices=("auto", "name", "structure"), default="auto",
+                        help="how module calls pair: auto (default: names and --map first, then structure and "
+                             "layouts for what is left), name (names and --map only), structure (ignore names)")
+    parser.add_argument("--baseline", metavar="N",
+                        help="the reference captured under B's conditions (dtype, device, kernels): errors are "
+                             "judged against its noise floor, e.g. tracediff capture SPEC --out N --dtype bfloat16")
+    parser.add_argument("--noise-factor", type=float, metavar="K",
+                        help="with --baseline, a tensor passes when its error is at most K x its noise floor; "
+                             "also the growth that makes a tensor an error source (default 3)")
+    parser.add_argument("--ignore", action="append", metavar="PATTERN",
+                        help="set aside tensors on purpose: PATH, PATH:SLOT or :SLOT globs, e.g. 'rotary_emb' or "
+                             "':inputs.kwargs.position_ids' (repeatable); listed as ignored")
+    parser.add_argument("--allow-incomplete", action="store_true",
+                        help="judge only what both traces hold when one is incomplete (its forward raised, or its "
+                             "capture was interrupted or killed); without it an incomplete trace exits 1")
 
 
 def run_alignment(args: argparse.Namespace, command: str) -> Alignment:
     """``tracediff.align`` with the shared options; warnings go to stderr."""
     from ..alignment import align
-    from ..alignment.matching import load_rename_file
     from ..alignment.tolerance import parse_cli_tolerances
 
-    rename = load_rename_file(args.map) if args.map else None
     result = align(args.a, args.b, atol=parse_cli_tolerances(args.atol, "atol"),
-                   rtol=parse_cli_tolerances(args.rtol, "rtol"), rename=rename, progress=True)
+                   rtol=parse_cli_tolerances(args.rtol, "rtol"), rename=args.map, match=args.match, progress=True,
+                   **_verdict_options(args))
     for warning in result.warnings:
         print(f"tracediff {command}: warning: {warning}", file=sys.stderr)
     return result
+
+
+def _verdict_options(args: argparse.Namespace) -> dict[str, object]:
+    """``baseline``, ``noise_factor`` and ``ignore`` as given; the library's defaults otherwise."""
+    options: dict[str, object] = {"baseline": args.baseline, "ignore": args.ignore,
+                                  "allow_incomplete": getattr(args, "allow_incomplete", False)}
+    if args.noise_factor is not None:
+        options["noise_factor"] = args.noise_factor
+    return options

@@ -19,4 +19,6 @@ def emit(text: str, output: str | None) -> None:
     if output:
         write_text(Path(output), text if text.endswith("\n") else text + "\n")
     else:
-        sys.stdout.write(text if text.endswith("\n") else text + "\n")
+        from .._text import encodable
+
+        sys.stdout.write(encodable(text if text.endswith("\n") else text + "\n"))

@@ -12,12 +12,15 @@ from typing import Any
 
 from tabulate import tabulate
 
+from .._text import markdown_text, printable
 from ..alignment.result import Alignment, TensorComparison
+from .matching import pairing_counts, row_label, suggestion_lines, unmatched_lines, unrecorded_note
+from .verdicts import baseline_line, focus_row, ignored_lines, origin_note, source_lines
 
 _SHOWN = ["order", "module_path_b", "tensor", "shape_b", "dtype_b", "max_abs_err", "max_rel_err", "cosine",
-          "mismatch_fraction", "status", "origin"]
-_HEADERS = ["#", "module (B)", "tensor", "shape", "dtype", "max abs", "max rel", "cosine", "mismatch", "status",
-            "origin"]
+          "mismatch_fraction", "noise_ratio", "growth", "status", "origin"]
+_HEADERS = ["#", "module (B)", "tensor", "shape", "dtype", "max abs", "max rel", "cosine", "mismatch", "x noise",
+            "growth", "status", "origin"]
 
 
 def strict_json_value(value: Any) -> Any:
@@ -55,15 +58,24 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
-def _cells(row: TensorComparison, first: TensorComparison | None) -> list[str]:
+def _cells(row: TensorComparison, first: TensorComparison | None, sources: frozenset[int] = frozenset()) -> list[str]:
     data: dict[str, Any] = row.to_dict()
     data["shape_b"] = row.shape_b
     if not math.isnan(row.cosine):
         data["cosine"] = f"{row.cosine:.6f}"
     if row.approximate:
         data["status"] = f"{row.status} (stats)"
-    marker = ">>" if first is not None and row.order == first.order else ""
+    if row.op is not None:  # an op row: the op, its index in the module call, then its slot
+        data["tensor"] = f"{row.op.removeprefix('torch.')} #{row.op_index} {row.tensor}"
+    data["tensor"] = row_label(row, data["tensor"])
+    marker = ">>" if first is not None and row.order == first.order else ("S" if row.order in sources else "")
     return [marker] + [_fmt(data[key]) for key in _SHOWN]
+
+
+def incomplete_lines(result: Alignment) -> list[str]:
+    """One line per incomplete trace, saying why it does not cover the whole forward."""
+    return [f"INCOMPLETE trace {side}: {why}" for side, why in (("A", result.incomplete_a), ("B", result.incomplete_b))
+            if why]
 
 
 def headline(result: Alignment) -> list[str]:
@@ -74,67 +86,82 @@ def headline(result: Alignment) -> list[str]:
     lines = [
         f"A: {result.trace_a} ({result.model_a})",
         f"B: {result.trace_b} ({result.model_b})",
-        f"matched {s['matched_nodes']} module calls {how}; compared {s['compared']} tensors: {statuses}"
+        f"matched {s['matched_nodes']} module calls {how}{pairing_counts(result)}; "
+        f"compared {s['compared']} tensors: {statuses}"
         + (f" ({s['approximate']} from statistics only)" if s["approximate"] else ""),
     ]
-    if result.unmatched_a or result.unmatched_b:
-        lines.append(f"unmatched: {len(result.unmatched_a)} in A only, {len(result.unmatched_b)} in B only")
+    lines += unmatched_lines(result)
+    verdict = baseline_line(result)
+    if verdict:
+        lines.append(verdict)
+    lines += incomplete_lines(result)
     first = result.first_divergence
     if first is None:
         unreadable = len(result.unreadable)
         lines.append("PASSED: every compared tensor is within tolerance" if result.passed
-                     else f"NOT PASSED: {unreadable} tensor(s) could not be read")
+                     else f"NOT PASSED: {unreadable} tensor(s) could not be read" if unreadable
+                     else "NOT PASSED: the comparison ends where an incomplete trace ends (--allow-incomplete "
+                          "judges only what both traces hold)")
     else:
         lines.append(f"FIRST DIVERGENCE ({first.origin}): {first.describe()}")
         if first.input_err is not None and first.amplification is not None:
             lines.append(f"  what flowed into this call had max_abs_err={first.input_err:.3g}; "
                          f"amplification={_fmt(first.amplification)}")
-        if first.origin == "between modules":
-            parent = first.module_path_b.rsplit(".", 1)[0]
-            lines.append(f"  every earlier tensor matched: the code of {parent} between its submodule calls "
-                         "changed this input")
+        note = origin_note(first) if first.origin == "between modules" else unrecorded_note(first)
+        if note:
+            lines.append(f"  {note}")
         backward = result.first_backward_divergence
         if backward is not None and backward is not first:
             lines.append(f"FIRST GRADIENT DIVERGENCE ({backward.origin}): {backward.describe()}")
     return lines
 
 
-def _window(result: Alignment, all_rows: bool, context: int) -> list[TensorComparison]:
+def _window(result: Alignment, all_rows: bool, context: int, focus: int = 0) -> list[TensorComparison]:
     rows = list(result.rows)
     if all_rows:
         return rows
-    first = result.first_divergence
+    first = focus_row(result, focus)
     if first is None:
         return [r for r in rows if r.status not in ("identical", "close")][: 2 * context + 1]
     i = rows.index(first)
     return rows[max(0, i - context): i + context + 1]
 
 
-def render_table(result: Alignment, *, all_rows: bool = False, context: int = 5, tablefmt: str = "simple") -> str:
-    """Summary, first divergence, and the rows around it (every row with ``all_rows``)."""
+def render_table(result: Alignment, *, all_rows: bool = False, context: int = 5, tablefmt: str = "simple",
+                 focus: int = 0) -> str:
+    """Summary, first divergence, and the rows around it (every row with ``all_rows``).
+
+    ``focus=N`` centres the rows on error source N+1 instead of the first divergence (rows marked ``S``
+    are sources, ``>>`` the first divergence); the top 5 sources are listed, every one with ``all_rows``.
+    """
     lines = headline(result)
-    shown = _window(result, all_rows, context)
+    shown = _window(result, all_rows, context, focus)
     first = result.first_divergence
+    sources = frozenset(r.order for r in result.sources)
     if shown:
-        table = tabulate([_cells(r, first) for r in shown], headers=[""] + _HEADERS, tablefmt=tablefmt,
+        table = tabulate([_cells(r, first, sources) for r in shown], headers=[""] + _HEADERS, tablefmt=tablefmt,
                          disable_numparse=True)
         lines += ["", table]
         if not all_rows and len(shown) < len(result.rows):
             lines.append(f"({len(shown)} of {len(result.rows)} rows shown; --all shows every row)")
+    extra = source_lines(result, all_sources=all_rows) + ignored_lines(result)
+    if extra:
+        lines += [""] + extra
     if result.argument_diffs:
         lines += ["", f"non-tensor values that differ ({len(result.argument_diffs)}):"]
         lines += [f"  {d.module_path_b} {d.slot}: {d.detail}" for d in result.argument_diffs[:10]]
-    if result.suggested_rename:
-        lines += ["", "suggested rename rules (A -> B), save with --suggest-map FILE:"]
-        lines += [f"  {a!r} -> {b!r}" for a, b in result.suggested_rename[:10]]
+    lines += suggestion_lines(result)
     lines += [f"warning: {w}" for w in result.warnings]
-    return "\n".join(lines) + "\n"
+    return printable("\n".join(lines), keep_newlines=True) + "\n"  # no terminal escapes from trace names
 
 
-def render_markdown(result: Alignment, *, all_rows: bool = False, context: int = 5) -> str:
-    head = "\n".join(f"- {line}" for line in headline(result))
-    shown = _window(result, all_rows, context)
+def render_markdown(result: Alignment, *, all_rows: bool = False, context: int = 5, focus: int = 0) -> str:
+    head = "\n".join(f"- {markdown_text(line)}" for line in headline(result))
+    shown = _window(result, all_rows, context, focus)
     first = result.first_divergence
-    table = tabulate([_cells(r, first) for r in shown], headers=[""] + _HEADERS, tablefmt="github",
-                     disable_numparse=True) if shown else ""
-    return f"{head}\n\n{table}\n"
+    sources = frozenset(r.order for r in result.sources)
+    table = tabulate([[markdown_text(cell) for cell in _cells(r, first, sources)] for r in shown],
+                     headers=[""] + _HEADERS, tablefmt="github", disable_numparse=True) if shown else ""
+    extra = source_lines(result, all_sources=all_rows) + ignored_lines(result)
+    tail = "\n".join(f"- {markdown_text(line.strip())}" for line in extra)
+    return f"{head}\n\n{table}\n" + (f"\n{tail}\n" if tail else "")

@@ -32,6 +32,7 @@ from typing import Any
 
 from .._version import __version__
 from ..alignment.result import TABLE_COLUMNS, Alignment, TensorComparison
+from .verdicts import baseline_line, origin_note
 
 _LIST_LIMIT = 1000
 _VALUE_CHARS = 200
@@ -61,6 +62,8 @@ def render_html(result: Alignment, *, title: str | None = None) -> str:
         '<span><span class="swatch sw-rel"></span>max rel error</span>'
         '<span><span class="swatch sw-tol"></span>atol</span>'
         '<span><span class="swatch sw-first"></span>first divergence</span>'
+        '<span><span class="swatch sw-noise"></span>noise band (K &times; the baseline\'s noise floor)</span>'
+        '<span><span class="swatch sw-source"></span>error source</span>'
         '<span><span class="dot sev3"></span>out of tolerance</span></div>'
         '<div id="plot-area" class="plot"></div>'
         "<noscript><p class=\"warn\">The plot and the table need JavaScript.</p></noscript></section>",
@@ -109,6 +112,8 @@ def _header(result: Alignment, heading: str, verdict: str, first: TensorComparis
                      "</span>")
     if first is not None:
         where = _e(first.module_path_b)
+        if first.op is not None:  # an op row: "torch.Tensor.mul #13 inside model.layers.1.self_attn"
+            where = f"{_e(first.op)} #{_e(first.op_index)} inside {where}"
         if first.module_path_a != first.module_path_b:
             where += f' <span class="muted">(A: {_e(first.module_path_a)})</span>'
         call = f" call {first.call_index_b}" if first.call_index_b else ""
@@ -141,7 +146,31 @@ def _header(result: Alignment, heading: str, verdict: str, first: TensorComparis
             f'<div class="traces"><div><b>A</b> (reference) <code>{_e(result.trace_a)}</code> '
             f'<span class="muted">{_e(result.model_a)}</span></div>'
             f'<div><b>B</b> <code>{_e(result.trace_b)}</code> <span class="muted">{_e(result.model_b)}</span></div>'
-            f'</div><div class="chips">{"".join(chips)}</div>{detail}</header>')
+            f'</div><div class="chips">{"".join(chips)}</div>{detail}{_verdict_html(result)}</header>')
+
+
+def _verdict_html(result: Alignment) -> str:
+    """The baseline verdict, the warnings about noise, and every error source with its growth."""
+    parts = []
+    line = baseline_line(result)
+    if line:
+        parts.append(f'<p class="baseline">{_e(line)}</p>')
+    parts += [f'<p class="warn">{_e(w)}</p>' for w in result.warnings if "rounding noise" in w]
+    if result.sources:
+        unit = "the noise floor" if result.baseline else "the tolerance"
+        items = []
+        for row in result.sources:
+            note = origin_note(row)
+            noise = f", {_num(row.noise_ratio)}&times; noise floor" if row.noise_ratio is not None else ""
+            op = f"<code>{_e(row.op)}</code> #{_e(row.op_index)} inside " if row.op is not None else ""
+            items.append(f'<li data-order="{row.order}">{op}<code>{_e(row.module_path_b)}</code> '
+                         f'<code class="slot">{_e(row.tensor)}</code> ({_e(row.origin or "")}): growth '
+                         f"<b>{_e(_num(row.growth))}</b>, max abs error {_e(_num(row.max_abs_err))}{noise}"
+                         + (f'<div class="muted">{_e(note)}</div>' if note else "") + "</li>")
+        parts.append(f'<div id="sources" class="sources"><div class="label">Error sources ({len(result.sources)}) '
+                     f"· growth = error over what flowed in, in units of {_e(unit)}</div><ol>{''.join(items)}</ol>"
+                     "</div>")
+    return "".join(parts)
 
 
 def _nav(result: Alignment) -> str:
@@ -169,9 +198,12 @@ class _TreeNode:
     diverged: int = 0
     bad_status: str | None = None
     introduced: bool = False
+    source: bool = False
     first: bool = False
     only_b: bool = False
     module_type: str | None = None
+    op: str | None = None  # an op node (op-level capture): shown under its module, in a collapsed group
+    op_index: int | None = None
     calls: set[int] = field(default_factory=set)
     children: list[_TreeNode] = field(default_factory=list)
     subtree_worst: float = 0.0
@@ -182,6 +214,7 @@ class _TreeNode:
 
 def _build_tree(result: Alignment, first: TensorComparison | None) -> list[_TreeNode]:
     nodes: dict[str, _TreeNode] = {}
+    source_orders = {row.order for row in result.sources}
 
     def node(path: str) -> _TreeNode:
         if path not in nodes:
@@ -189,7 +222,8 @@ def _build_tree(result: Alignment, first: TensorComparison | None) -> list[_Tree
         return nodes[path]
 
     for row in result.rows:
-        n = node(row.module_path_b)
+        n = node(row.module_path_b if row.op is None else f"{row.module_path_b}.#{row.op_index} {row.op}")
+        n.op, n.op_index = row.op, row.op_index
         n.rows += 1
         n.first_order = min(n.first_order, row.order)
         n.calls.add(row.call_index_b)
@@ -205,21 +239,25 @@ def _build_tree(result: Alignment, first: TensorComparison | None) -> list[_Tree
             n.bad_status = row.status
         if first is not None and row.order == first.order:
             n.first = True
+        n.source = n.source or row.order in source_orders
     for unmatched in result.unmatched_b:
         if unmatched.tensor is None:
             node(unmatched.module_path).only_b = True
-    # Parent: the longest proper dotted prefix that is a node itself.
+    # Parent: the longest proper dotted prefix that is a node itself. Sorted by components, a node comes right
+    # after its ancestors, so a stack of open ancestors finds it in time linear in the path lengths (not quadratic
+    # in their depth, as trying every prefix would be).
     roots: list[_TreeNode] = []
-    for path in sorted(nodes, key=lambda p: p.count(".")):
+    ancestors: list[_TreeNode] = []
+    for path in sorted(nodes, key=lambda p: p.split(".")):
         n = nodes[path]
-        parts = path.split(".")
-        parent = next((nodes[".".join(parts[:i])] for i in range(len(parts) - 1, 0, -1)
-                       if ".".join(parts[:i]) in nodes), None)
-        if parent is None:
+        while ancestors and not path.startswith(ancestors[-1].path + "."):
+            ancestors.pop()
+        if not ancestors:
             roots.append(n)
         else:
-            n.name = path[len(parent.path) + 1:]
-            parent.children.append(n)
+            n.name = path[len(ancestors[-1].path) + 1:]
+            ancestors[-1].children.append(n)
+        ancestors.append(n)
     for root in roots:
         _finish(root)
     return sorted(roots, key=lambda n: n.first_order)
@@ -255,19 +293,29 @@ def _tree_html(n: _TreeNode, depth: int) -> str:
         badges.append('<span class="tag first-tag">first divergence</span>')
     elif n.introduced and not n.introduced_below:
         badges.append('<span class="tag intro">introduced</span>')
+    if n.source:
+        badges.append('<span class="tag source">error source</span>')
     if n.only_b:
         badges.append('<span class="tag onlyb">only in B</span>')
     if n.bad_status:
         badges.append(f'<span class="tag na">{_e(n.bad_status)}</span>')
     calls = f' <span class="muted">×{len(n.calls)} calls</span>' if len(n.calls) > 1 else ""
-    kind = f' <span class="type">{_e(n.module_type)}</span>' if n.module_type else ""
+    kind = f' <span class="type">{_e(n.module_type)}</span>' if n.module_type and n.op is None else ""
     err = f'<span class="err">{_e(_num(n.max_abs))}</span>' if n.rows else '<span class="err"></span>'
-    label = (f'<span class="dot {_severity(n)}"></span><span class="name" title="{_e(n.path)}">{_e(n.name)}'
+    # an op's title filters the table on its rows: "{module path} {op} #{index}"
+    title = n.path if n.op is None else f"{n.path.rsplit('.#', 1)[0]} {n.op} #{n.op_index}"
+    label = (f'<span class="dot {_severity(n)}"></span><span class="name" title="{_e(title)}">{_e(n.name)}'
              f"</span>{kind}{calls}{''.join(badges)}{err}")
     if not n.children:
         return f'<div class="leaf {_severity(n)}">{label}</div>'
     open_attr = " open" if depth < 1 or n.contains_first else ""
-    below = "".join(_tree_html(c, depth + 1) for c in n.children)
+    below = "".join(_tree_html(c, depth + 1) for c in n.children if c.op is None)
+    ops = [c for c in n.children if c.op is not None]
+    if ops:  # the module's own ops, collapsed unless the first divergence is one of them
+        group_open = " open" if any(c.contains_first for c in ops) else ""
+        worst = max(ops, key=lambda c: (c.diverged > 0, c.worst))
+        below = (f'<details{group_open} class="ops {_severity(worst)}"><summary><span class="muted">{len(ops)} ops'
+                 f'</span></summary>{"".join(_tree_html(c, depth + 1) for c in ops)}</details>') + below
     summary_note = (f' <span class="muted sub">{n.subtree_diverged} diverged inside</span>'
                     if n.subtree_diverged and not n.contains_first and not n.diverged else "")
     return (f'<details{open_attr} class="{_severity(n)}"><summary>{label}{summary_note}'
@@ -371,7 +419,8 @@ def _data_json(result: Alignment) -> str:
     rows = [[_compact(getattr(row, column), strings) for column in TABLE_COLUMNS] for row in result.rows]
     first = result.first_divergence
     data = {"columns": TABLE_COLUMNS, "strings": list(strings), "rows": rows,
-            "first": first.order if first is not None else None}
+            "first": first.order if first is not None else None,
+            "sources": [row.order for row in result.sources], "noise_factor": result.noise_factor}
     text = json.dumps(data, separators=(",", ":"), allow_nan=False)
     for raw, escaped in (("&", "\\u0026"), ("<", "\\u003c"), (">", "\\u003e"), ("\u2028", "\\u2028"),
                          ("\u2029", "\\u2029")):

@@ -6,7 +6,9 @@ open figures) and works in scripts, servers and notebooks alike.
 
 What it shows: the max-abs and max-relative error of every compared tensor
 in B's execution order on a log scale, the atol applied to each row (dashed),
-rows out of tolerance in red, and the first divergence marked. Exact zeros
+rows out of tolerance in red, and the first divergence marked; with a
+baseline, the noise band (K x each row's noise floor, shaded), and every
+error source as a triangle on the axis. Exact zeros
 sit on a band below the smallest error, labelled ``0``; rows that could not
 be compared (shape mismatch, unreadable) are marked ``x`` at the top.
 """
@@ -53,7 +55,10 @@ def error_figure(result: Alignment, *, title: str | None = None) -> Any:
     fig = figure_class(figsize=(10, 4), layout="constrained")
     ax = fig.add_subplot()
     rows = list(result.rows)
+    k = result.noise_factor
+    bands = [r.noise_floor * k if k is not None and r.noise_floor is not None else math.nan for r in rows]
     positive = [v for r in rows for v in (r.max_abs_err, r.max_rel_err, r.atol) if math.isfinite(v) and v > 0]
+    positive += [v for v in bands if math.isfinite(v) and v > 0]
     lo = 10.0 ** (math.floor(math.log10(min(positive))) - 1) if positive else 1e-9
     hi = 10.0 ** math.ceil(math.log10(max(positive))) if positive else 1.0
 
@@ -63,6 +68,9 @@ def error_figure(result: Alignment, *, title: str | None = None) -> Any:
         return lo if value <= 0 else min(value, hi)
 
     x = [r.order for r in rows]
+    if any(math.isfinite(v) for v in bands):  # the noise band: below K x the baseline's floor is rounding noise
+        ax.fill_between(x, [lo / 2] * len(x), [shown(v) for v in bands], step="mid", color="#16a34a", alpha=0.15,
+                        linewidth=0, label=f"noise band ({k:g} x floor)")
     ax.plot(x, [shown(r.atol) for r in rows], drawstyle="steps-mid", linestyle="--", color="#6b7280",
             linewidth=1.1, label="atol")
     ax.plot(x, [shown(r.max_rel_err) for r in rows], color="#e08a00", linewidth=1.0, alpha=0.85,
@@ -80,6 +88,9 @@ def error_figure(result: Alignment, *, title: str | None = None) -> Any:
     ax.set_ylim(lo / 2, hi * 2)
     ticks = [t for t in ax.get_yticks() if lo < t <= hi]
     ax.set_yticks([lo, *ticks], ["0", *(f"1e{round(math.log10(t))}" for t in ticks)])
+    if result.sources:
+        ax.scatter([r.order for r in result.sources], [lo / 2] * len(result.sources), marker="^", s=40,
+                   color="#7c3aed", zorder=4, clip_on=False, label="error source")
     first = result.first_divergence
     if first is not None:
         ax.axvline(first.order, color="#c62828", linestyle=":", linewidth=1.3)

@@ -18,7 +18,7 @@
     var o = {};
     for (var i = 0; i < columns.length; i++) o[columns[i]] = decode(r[i]);
     o._text = [o.module_path_a, o.module_path_b, o.tensor, o.tensor_a, o.status, o.module_type, o.origin,
-      o.reason, o.dtype_b].join(" ").toLowerCase();
+      o.reason, o.dtype_b, o.op ? o.module_path_b + " " + o.op + " #" + o.op_index : ""].join(" ").toLowerCase();
     return o;
   });
   var byOrder = {};
@@ -208,6 +208,10 @@
   });
 
   // ---------------------------------------------------------------- plot
+  function band(r) {
+    return data.noise_factor && typeof r.noise_floor === "number" ? r.noise_floor * data.noise_factor : null;
+  }
+
   function drawPlot() {
     var area = document.getElementById("plot-area");
     var W = 1000, H = 320, L = 64, R = 16, T = 16, B = 44;
@@ -215,7 +219,7 @@
     var ordered = rows.slice().sort(function (a, b) { return a.order - b.order; });
     var positive = [];
     ordered.forEach(function (r) {
-      [r.max_abs_err, r.max_rel_err, r.atol].forEach(function (v) {
+      [r.max_abs_err, r.max_rel_err, r.atol, band(r)].forEach(function (v) {
         if (typeof v === "number" && isFinite(v) && v > 0) positive.push(v);
       });
     });
@@ -257,6 +261,16 @@
       });
       if (d) s.appendChild(svg("path", {d: d, "class": cls}));
     }
+    if (data.noise_factor) {  // the noise band: everything below K x the baseline's floor is rounding noise
+      var top = "", bottom = [];
+      ordered.forEach(function (r, i) {
+        var v = band(r);
+        if (typeof v !== "number" || !(v > 0) || !isFinite(v)) return;
+        top += (top ? "L" : "M") + X(i).toFixed(1) + " " + Y(v).toFixed(1);
+        bottom.unshift("L" + X(i).toFixed(1) + " " + Y(0).toFixed(1));
+      });
+      if (top) s.appendChild(svg("path", {d: top + bottom.join("") + "Z", "class": "noise-band"}));
+    }
     series("atol", "line tol");
     series("max_rel_err", "line rel");
     series("max_abs_err", "line abs");
@@ -275,6 +289,13 @@
       }
     });
     s.appendChild(marks);
+    (data.sources || []).forEach(function (order) {
+      var si = ordered.findIndex(function (r) { return r.order === order; });
+      if (si < 0) return;
+      var sx = X(si);
+      s.appendChild(svg("path", {d: "M" + (sx - 5) + " " + (H - B) + "L" + (sx + 5) + " " + (H - B) + "L" + sx + " " +
+        (H - B - 9) + "Z", "class": "source-mark"}));
+    });
     if (data.first !== null) {
       var fi = ordered.findIndex(function (r) { return r.order === data.first; });
       var fx = X(fi), fr = ordered[fi];
@@ -306,6 +327,9 @@
       tip.appendChild(el("div", null, r.tensor + " \u00b7 " + r.status + (r.origin ? " (" + r.origin + ")" : "")));
       tip.appendChild(el("div", null, "max abs " + fmt(r.max_abs_err) + " \u00b7 max rel " + fmt(r.max_rel_err) +
         " \u00b7 atol " + fmt(r.atol)));
+      if (r.noise_ratio !== null && r.noise_ratio !== undefined || r.growth !== null && r.growth !== undefined) {
+        tip.appendChild(el("div", null, "noise ratio " + fmt(r.noise_ratio) + " \u00b7 growth " + fmt(r.growth)));
+      }
       var box = area.getBoundingClientRect();
       tip.style.left = Math.min(ev.clientX - box.left + 12, box.width - 320) + "px";
       tip.style.top = (ev.clientY - box.top + 12) + "px";

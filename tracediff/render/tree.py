@@ -17,6 +17,7 @@ import json
 import math
 
 from ..show import NodeView, TensorView, TraceView
+from .._text import printable
 from .alignment import strict_json_value
 
 _INDENT = "  "
@@ -97,7 +98,7 @@ def render_tree(view: TraceView) -> str:
     out = [_header(view), "", row("module / tensor", _STAT_HEADERS)]
     out += [row(text, cells) if cells is not None else text for text, cells in lines]
     out += ["", _footer(view)]
-    return "\n".join(out) + "\n"
+    return printable("\n".join(out), keep_newlines=True) + "\n"  # no terminal escapes from trace names
 
 
 def _header(view: TraceView) -> str:
@@ -105,6 +106,8 @@ def _header(view: TraceView) -> str:
     shown = f"{len(view.nodes)} of {view.total_calls} calls" if len(view.nodes) != view.total_calls \
         else f"{view.total_calls} calls"
     state = {True: "", False: ", INCOMPLETE", None: ""}[view.complete]
+    if view.incomplete_reason:
+        state = f", INCOMPLETE ({view.incomplete_reason})"
     filters = "".join([f", path {view.path!r}" if view.path else "",
                        f", depth {view.depth}" if view.depth is not None else ""])
     return f"{view.model_name}: {view.producer} {kind} at {view.json_file}; {shown}{filters}{state}"

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import TraceFormatError, UsageError
+from ..format import LEGACY_PY_VALUE, PY_TYPE, PY_VALUE, REPR
 from .layout import RunFolder, open_run, read_record
 from .options import GROUPS
 from .records import aggregate_key, group_items
@@ -37,7 +38,7 @@ from .result import StatRow, Status, StepComparison, StepDivergence, StepSummary
 from .rule import judge
 from .tensor_stats import NUMERIC_STATS
 
-_FIELDS = ("hash", "shape", "dtype", "device", "py_type", "value", "repr", "seed", "error")
+_FIELDS = ("hash", "shape", "dtype", "device", PY_TYPE, PY_VALUE, LEGACY_PY_VALUE, REPR, "seed", "error")
 
 
 def compare_steps(
@@ -53,7 +54,8 @@ def compare_steps(
 
     Raises:
         TraceFormatError: a folder is not a training record, or a record is not valid JSON.
-        UsageError: a negative or NaN tolerance, or no step recorded in both runs.
+        UsageError: a negative or NaN tolerance, no step recorded in both runs, or
+            nothing to compare in them (no group recorded by both, or every group empty).
     """
     atol, rtol = _tolerance("atol", atol), _tolerance("rtol", rtol)
     a, b = open_run(run_a), open_run(run_b)
@@ -72,6 +74,10 @@ def compare_steps(
         summaries.append(summary)
         first = first or divergence
         needed = None if needed is None or step_needed is None else max(needed, step_needed)
+    if not sum(s.compared for s in summaries):  # comparing nothing is never a pass
+        raise UsageError(f"{a.root} and {b.root}: nothing to compare (groups recorded by both runs: "
+                         f"{', '.join(groups) or 'none'}; steps in both: {len(shared)}); "
+                         "record the same groups (checksums=...) in both runs")
     return StepComparison(
         run_a=str(a.root), run_b=str(b.root), atol=atol, rtol=rtol, passed=first is None,
         first_divergence=first, step_summaries=tuple(summaries),
@@ -101,7 +107,11 @@ def _compare_step(
             compared += len(items_a)
             continue
         for name in [*items_a, *(n for n in items_b if n not in items_a)]:
-            verdict = judge(items_a.get(name), items_b.get(name), atol=atol, rtol=rtol)
+            try:
+                verdict = judge(items_a.get(name), items_b.get(name), atol=atol, rtol=rtol)
+            except (AttributeError, TypeError, KeyError, ValueError, OverflowError) as e:  # a hand-edited entry
+                raise TraceFormatError(f"{a.records[(step, rank)]} or {b.records[(step, rank)]}: malformed entry "
+                                       f"{name!r} in the {group!r} group ({type(e).__name__}: {e})") from None
             compared += 1
             if verdict.status == "identical":
                 continue

@@ -8,7 +8,10 @@ A tensor entry::
 A plain value entry (JSON-safe values: None, bool, int, float, str and lists
 and str-keyed dicts of those)::
 
-    {"py_type": "float", "value": 0.001}
+    {"py_type": "float", "py_value": 0.001}
+
+(the typed values of traces, see ``tracediff.format``; records of tracediff
+0.1 hold the value under ``"value"``, which is still read).
 
 Anything else is kept as ``{"py_type": "MyClass", "repr": "...", "hash": ...}``
 with the SHA-256 of its full ``repr``. An entry that could not be recorded is
@@ -25,7 +28,7 @@ from typing import Any
 
 import torch
 
-from ..capturing.encode import as_json, is_json_safe
+from .. import format as fmt
 from .hashing import bytes_hash, dtype_name, tensor_hash
 from .tensor_stats import tensor_stats
 
@@ -54,14 +57,14 @@ def value_entry(value: Any) -> dict[str, Any]:
     """A plain value as JSON, or its type and ``repr`` (with a hash of the full repr)."""
     if isinstance(value, torch.Tensor):
         return tensor_entry(value, ())
-    if is_json_safe(value):
-        return {"py_type": type(value).__name__, "value": as_json(value)}
+    if fmt.is_json_safe(value):
+        return fmt.typed_value(value)
     try:
         text = repr(value)
     except Exception as e:  # noqa: BLE001
         return error_entry(e)
     short = text if len(text) <= _REPR_LIMIT else text[:_REPR_LIMIT] + "..."
-    return {"py_type": type(value).__qualname__, "repr": short, "hash": bytes_hash(text.encode())}
+    return {**fmt.typed_repr(type(value).__qualname__, short), "hash": bytes_hash(text.encode())}
 
 
 def error_entry(exc: BaseException) -> dict[str, Any]:
@@ -75,8 +78,9 @@ def entry_identity(entry: dict[str, Any] | None) -> str | None:
         return None
     if "hash" in entry:
         return str(entry["hash"])
-    if "value" in entry:
-        return "value:" + json.dumps([entry.get("py_type"), entry["value"]], sort_keys=True)
+    known, value = fmt.typed_value_content(entry)
+    if known:  # tuples compare as lists, as they were recorded
+        return "value:" + json.dumps([entry.get(fmt.PY_TYPE), fmt.as_json(value)], sort_keys=True)
     return "error:" + str(entry.get("error"))
 
 

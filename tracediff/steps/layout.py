@@ -22,11 +22,14 @@ from pathlib import Path
 from typing import Any
 
 from .._io import ensure_writable_dir, resolve_inside
+from .._safe_read import SMALL_JSON_LIMIT, STEP_RECORD_LIMIT, read_bounded
 from ..errors import OutputDirError, TraceFormatError
 
 RUN_FILE = "run.json"
 RUN_FORMAT = "tracediff-steps"
-FORMAT_VERSION = 1
+# 2: typed values hold their value under "py_value", as in traces (1 wrote "value"; still read).
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 _STEP_DIR = re.compile(r"step=(\d+)")
 _RANK_FILE = re.compile(r"rank(\d+)\.json")
 
@@ -88,6 +91,7 @@ class RunFolder:
 
     @property
     def groups(self) -> tuple[str, ...]:
+        """The groups the run recorded (``options.checksums``, checked to be a list of names by ``open_run``)."""
         return tuple(self.meta.get("options", {}).get("checksums", ()))
 
 
@@ -99,36 +103,44 @@ def open_run(path: str | Path) -> RunFolder:
     root = Path(path)
     if not root.is_dir():
         raise TraceFormatError(f"{root}: not a folder; expected a training record written by tracediff.StepRecorder")
-    meta = read_json(root / RUN_FILE, what="run file", missing=(
+    meta = read_json(root / RUN_FILE, what="run file", limit=SMALL_JSON_LIMIT, missing=(
         f"{root}: no {RUN_FILE}; not a training record written by tracediff.StepRecorder"))
     if not isinstance(meta, dict) or meta.get("format") != RUN_FORMAT:
         raise TraceFormatError(f"{root / RUN_FILE}: expected \"format\": \"{RUN_FORMAT}\"; "
                                "not a training record written by tracediff.StepRecorder")
-    if meta.get("format_version") != FORMAT_VERSION:
-        raise TraceFormatError(f"{root / RUN_FILE}: format_version {meta.get('format_version')!r} is not "
-                               f"{FORMAT_VERSION}; record it again with this version of tracediff")
-    records = {key: resolve_inside(root, str(p.relative_to(root))) for key, p in _rank_records(root).items()}
+    if meta.get("format_version") not in READABLE_VERSIONS or isinstance(meta.get("format_version"), bool):
+        raise TraceFormatError(f"{root / RUN_FILE}: format_version {meta.get('format_version')!r} is not one this "
+                               f"tracediff reads ({', '.join(map(str, READABLE_VERSIONS))}); record it again with "
+                               "this version of tracediff, or upgrade tracediff")
+    options = meta.get("options", {})
+    checksums = options.get("checksums", ()) if isinstance(options, dict) else None
+    if not isinstance(checksums, (list, tuple)) or not all(isinstance(g, str) for g in checksums):
+        raise TraceFormatError(f"{root / RUN_FILE}: \"options\" must be an object whose \"checksums\" is a list of "
+                               f"group names; found {json.dumps(options)[:80]}")
+    records = {key: resolve_inside(root, str(p.relative_to(root)), what="step record") for key, p in _rank_records(root).items()}
     return RunFolder(root=root, meta=meta, records=dict(sorted(records.items())))
 
 
 def read_record(run: RunFolder, step: int, rank: int) -> dict[str, Any]:
     """The record of ``step`` on ``rank``, checked to be a step record."""
     path = run.records[(step, rank)]
-    record = read_json(path, what="step record", missing=f"{path}: step record vanished while reading")
+    record = read_json(path, what="step record", root=run.root, missing=f"{path}: step record vanished while reading")
     if not isinstance(record, dict) or not isinstance(record.get("groups"), dict) or record.get("step") != step:
         raise TraceFormatError(f"{path}: not a step record (expected \"step\": {step} and a \"groups\" object)")
     return record
 
 
-def read_json(path: Path, *, what: str, missing: str) -> Any:
+def read_json(path: Path, *, what: str, missing: str, limit: int = STEP_RECORD_LIMIT,
+              root: Path | None = None) -> Any:
+    """A JSON file of a run: a regular file inside ``root`` (default: its folder), at most ``limit`` bytes."""
+    if not path.exists() and not path.is_symlink():
+        raise TraceFormatError(missing)
+    data = read_bounded(path, limit=limit, root=root or path.parent, what=what)
     try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError as e:
-        raise TraceFormatError(missing) from e
-    except (OSError, UnicodeDecodeError) as e:
-        raise TraceFormatError(f"{path}: cannot read the {what} ({e})") from e
-    try:
-        return json.loads(text)
+        return json.loads(data)
     except json.JSONDecodeError as e:
         raise TraceFormatError(f"{path}: invalid JSON in the {what} ({e.msg} at line {e.lineno}); "
                                "the file is truncated or was edited") from e
+    except (ValueError, RecursionError) as e:  # not UTF-8, nested too deeply, an integer of 4,300+ digits
+        reason = str(e).splitlines()[0] if str(e) else "nested too deeply"
+        raise TraceFormatError(f"{path}: cannot read the {what} ({reason})") from None

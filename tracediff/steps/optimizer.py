@@ -2,9 +2,9 @@
 
 Recorded as::
 
-    {"type": {"py_type": "str", "value": "torch.optim.adamw.AdamW"},
+    {"type": {"py_type": "str", "py_value": "torch.optim.adamw.AdamW"},
      "defaults": {"lr": {...value entry...}, "betas": {...}, ...},
-     "param_groups": [{"params": {"value": ["fc.weight", "fc.bias"], ...}, "lr": {...}, ...}],
+     "param_groups": [{"params": {"py_value": ["fc.weight", "fc.bias"], ...}, "lr": {...}, ...}],
      "state": {"fc.weight": {"exp_avg": {...tensor entry...}, "exp_avg_sq": {...}, "step": {...}}}}
 
 Every hyperparameter is a value entry (a tensor entry when it is a tensor, as

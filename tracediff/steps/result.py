@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+from .._display import short_repr, summary_html
+
 if TYPE_CHECKING:
     import pandas as pd
 
@@ -31,8 +33,14 @@ class Verdict:
     rel_drift: float | None = None
     """The same, relative to run A's value."""
 
-    def __bool__(self) -> bool:
+    @property
+    def passed(self) -> bool:
+        """True when the entries are identical or within tolerance (a verdict has no truth value of its own)."""
         return self.status != "diverged"
+
+    @property
+    def diverged(self) -> bool:
+        return self.status == "diverged"
 
 
 @dataclass(frozen=True)
@@ -125,6 +133,19 @@ class StepComparison:
     def __bool__(self) -> bool:
         return self.passed
 
+    def __repr__(self) -> str:
+        first = self.first_divergence
+        return short_repr(self, passed=self.passed, steps=len(self.step_summaries),
+                          first_divergence=_describe(first), run_a=self.run_a, run_b=self.run_b)
+
+    def _repr_html_(self) -> str:
+        facts = [("run A", self.run_a), ("run B", self.run_b), ("steps compared", len(self.step_summaries)),
+                 ("groups", ", ".join(self.groups)), ("tolerance", f"atol={self.atol:g} rtol={self.rtol:g}"),
+                 ("first divergence", _describe(self.first_divergence)),
+                 ("first divergence reason", self.first_divergence.reason if self.first_divergence else None),
+                 ("needed atol", self.needed_atol)]
+        return summary_html("StepComparison", facts, passed=self.passed)
+
     @property
     def steps(self) -> pd.DataFrame:
         """The per-step summary as a DataFrame (one row per shared ``(step, rank)``)."""
@@ -150,3 +171,7 @@ class StepComparison:
             "needed_atol": self.needed_atol,
         }
 
+
+def _describe(first: StepDivergence | None) -> str | None:
+    """``"step 3 rank 0 optimizer param_groups.0.lr"``, or None."""
+    return None if first is None else f"step {first.step} rank {first.rank} {first.group} {first.name}"

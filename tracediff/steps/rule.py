@@ -32,6 +32,7 @@ import json
 import math
 from typing import Any
 
+from ..format import REPR, typed_value_content
 from .entries import entry_identity
 from .result import Verdict
 
@@ -109,10 +110,11 @@ def _close(x: float, y: float, atol: float, rtol: float) -> bool:
 
 
 def _value_reason(a: dict[str, Any], b: dict[str, Any]) -> str:
-    if "value" in a and "value" in b:
-        return f"value {_short(a['value'])} vs {_short(b['value'])}"
-    if "repr" in a or "repr" in b:
-        return f"value {a.get('repr', _short(a.get('value')))} vs {b.get('repr', _short(b.get('value')))}"
+    (known_a, value_a), (known_b, value_b) = typed_value_content(a), typed_value_content(b)
+    if known_a and known_b:
+        return f"value {_short(value_a)} vs {_short(value_b)}"
+    if REPR in a or REPR in b:
+        return f"value {a.get(REPR, _short(value_a))} vs {b.get(REPR, _short(value_b))}"
     if "shape" in a or "shape" in b:
         return "a tensor in one run, a plain value in the other"
     return "state differs (hash)"

@@ -17,7 +17,6 @@ their recorded statistics instead.
 
 from __future__ import annotations
 
-import json
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -26,16 +25,16 @@ from typing import Any
 
 import torch
 
+from .. import format as fmt
 from .._io import read_tensor_file, resolve_inside
-from ..errors import TraceFormatError
+from .._safe_read import check_regular_file
+from ..errors import PayloadError, TraceFormatError
+from .reading import incomplete_reason, journal_of, read_tree
+from .validate import value_problem
 from .model import Node, ReprValue, TensorRecord
 
-METADATA_FILE = "tracediff_metadata.json"
-_FULL_SUFFIX = "_debug_tree_FULL_TENSORS.json"
-_SUMMARY_SUFFIX = "_debug_tree_SUMMARY.json"
 _SHAPE = re.compile(r"-?\d+")
 _SCALAR = re.compile(r"tensor\(\s*([-+0-9.eEinfa]+)")
-_STRING_STATS = ("mean", "std", "min", "max")
 
 
 @dataclass
@@ -55,11 +54,11 @@ class Trace:
     @property
     def producer(self) -> str:
         """``"tracediff"`` for native traces, ``"transformers"`` for the standard debugger's."""
-        return "tracediff" if self.metadata.get("tracediff_version") else "transformers"
+        return "tracediff" if self.metadata.get(fmt.PRODUCER_KEY) else "transformers"
 
     @property
     def summary_only(self) -> bool:
-        return self.json_path.name.endswith(_SUMMARY_SUFFIX)
+        return self.json_path.name.endswith(fmt.SUMMARY_SUFFIX)
 
     def nodes(self) -> list[Node]:
         """Every forward node in the order the calls started, then the backward nodes in arrival order."""
@@ -81,62 +80,62 @@ class Trace:
         return resolve_inside(self.directory, record.payload)
 
     def load(self, record: TensorRecord) -> torch.Tensor:
-        """Read the payload of ``record`` (memory-mapped through ``safe_open``)."""
-        return read_tensor_file(self.payload_path(record))
+        """Read the payload of ``record`` (memory-mapped through ``safe_open``; a regular file inside the folder)."""
+        return read_tensor_file(check_regular_file(self.payload_path(record), root=self.directory,
+                                                   error=PayloadError, what="payload"))
+
+    @property
+    def incomplete_reason(self) -> str | None:
+        """Why this trace does not cover the whole forward (the process died, the forward raised), or None."""
+        return incomplete_reason(self.metadata, self.roots)
 
 
 def find_trace_json(path: str | Path) -> Path:
     """The JSON file of the trace at ``path`` (a folder or a file)."""
     p = Path(path)
-    if p.is_file():
+    if p.is_file() or (p.exists() and not p.is_dir()):  # a FIFO or device: refused by the reader, never opened here
         return p
     if not p.is_dir():
         raise TraceFormatError(f"{p}: no such trace folder or file")
-    for suffix in (_FULL_SUFFIX, _SUMMARY_SUFFIX):
+    for suffix in (fmt.FULL_SUFFIX, fmt.SUMMARY_SUFFIX):
         found = sorted(p.glob(f"*{suffix}"))
         if len(found) > 1:
             names = ", ".join(f.name for f in found)
             raise TraceFormatError(f"{p}: holds several traces ({names}); pass the JSON file to use")
         if found:
             return found[0]
+    journal = journal_of(p)
+    if journal is not None:  # a capture whose process died: its journal holds what was recorded
+        return journal
     ranks = sorted(d.name for d in p.glob("rank*") if d.is_dir())
     hint = f"; it has per-rank traces, e.g. {p / ranks[0]}" if ranks else ""
-    raise TraceFormatError(f"{p}: no *{_FULL_SUFFIX} or *{_SUMMARY_SUFFIX} found{hint}")
-
-
-def _read_json(path: Path) -> Any:
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except json.JSONDecodeError as e:
-        raise TraceFormatError(f"{path}: invalid JSON at line {e.lineno} column {e.colno} ({e.msg}); "
-                               "the file may be truncated") from e
-    except UnicodeDecodeError as e:
-        raise TraceFormatError(f"{path}: not UTF-8 text, so not a trace JSON") from e
-    except OSError as e:
-        raise TraceFormatError(f"{path}: cannot read ({e.strerror or e})") from e
+    if not hint and next(p.glob(f"*{fmt.PAYLOAD_SUFFIX}"), None) is not None:
+        hint = ("; it holds payloads only: the capture that wrote them ended before its trace JSON or journal "
+                "was written")
+    raise TraceFormatError(f"{p}: no *{fmt.FULL_SUFFIX} or *{fmt.SUMMARY_SUFFIX} found{hint}")
 
 
 def load_trace(path: str | Path) -> Trace:
     """Load the trace at ``path``: a trace folder, or its FULL_TENSORS / SUMMARY JSON file.
 
     Raises ``TraceFormatError`` naming the file when it is missing, not JSON,
-    truncated, or not a call tree.
+    truncated, or not a call tree, or when its metadata carries a
+    ``format_version`` of a newer major version than this tracediff reads.
     """
     json_path = find_trace_json(path)
-    tree = _read_json(json_path)
-    if not isinstance(tree, dict) or not isinstance(tree.get("module_path"), str):
-        raise TraceFormatError(f"{json_path}: not a trace: expected a JSON object with a 'module_path' at the top")
     directory = json_path.parent
-    metadata_file = directory / METADATA_FILE
-    metadata = _read_json(metadata_file) if metadata_file.is_file() else {}
-    if not isinstance(metadata, dict):
-        raise TraceFormatError(f"{metadata_file}: not a tracediff metadata object")
+    # confined to the folder given (or the JSON file's folder), bounded, regular files only; field types checked
+    tree, metadata = read_tree(json_path, Path(path) if Path(path).is_dir() else directory)
+    metadata_file = directory / fmt.METADATA_FILE
+    fmt.check_format_version(metadata, metadata_file)
     builder = _Builder(json_path)
-    roots = [builder.node(tree, None, 0)]
-    for later in tree.get("subsequent_calls", []):
-        roots.append(builder.node(later, None, 0))
-    backward = builder.backward(tree.get("backward") or [])
+    try:
+        roots = [builder.node(tree, None, 0)]
+        for later in tree.get(fmt.SUBSEQUENT_CALLS, []):
+            roots.append(builder.node(later, None, 0))
+        backward = builder.backward(tree.get(fmt.BACKWARD) or [])
+    except RecursionError:
+        raise TraceFormatError(f"{json_path}: the call tree nests too deeply to be read; refused") from None
     trace = Trace(directory=directory, json_path=json_path, roots=roots, metadata=metadata, backward=backward)
     if trace.producer == "transformers":
         _mark_overwritten_payloads(trace)
@@ -154,26 +153,44 @@ class _Builder:
         return self.order - 1
 
     def node(self, obj: Any, parent: Node | None, depth: int) -> Node:
-        if not isinstance(obj, dict) or not isinstance(obj.get("module_path"), str):
+        if not isinstance(obj, dict) or not isinstance(obj.get(fmt.MODULE_PATH), str):
             where = parent.module_path if parent else "the top"
             raise TraceFormatError(f"{self.json_path}: a child of {where} is not a node (no 'module_path')")
-        path = obj["module_path"]
-        call_index = obj.get("call_index")
+        path = obj[fmt.MODULE_PATH]
+        call_index = obj.get(fmt.CALL_INDEX)
         if not isinstance(call_index, int):
             call_index = self.calls[path]
         self.calls[path] = max(self.calls[path], call_index + 1)
         node = Node(module_path=path, relative_path=path.split(".", 1)[1] if "." in path else "",
-                    call_index=call_index, module_type=obj.get("module_type"), depth=depth,
-                    enter_order=self.order, parent=parent, error=obj.get("error"))
-        self._flatten(obj.get("inputs"), "inputs", node)
-        children = obj.get("children") or []
+                    call_index=call_index, module_type=obj.get(fmt.MODULE_TYPE), depth=depth,
+                    enter_order=self.order, parent=parent, error=obj.get(fmt.ERROR))
+        self._flatten(obj.get(fmt.INPUTS), "inputs", node)
+        children = obj.get(fmt.CHILDREN) or []
         if not isinstance(children, list):
             raise TraceFormatError(f"{self.json_path}: 'children' of {path} is not a list")
-        node.children = [self.node(child, node, depth + 1) for child in children]
+        for child in children:  # op nodes (op-level capture) go to ``ops``, module calls to ``children``
+            if fmt.is_op_node(child):
+                node.ops.append(self.op_node(child, node, depth + 1))
+            else:
+                node.children.append(self.node(child, node, depth + 1))
         node.exit_order = self.order
-        if obj.get("outputs") is not None:
+        if obj.get(fmt.OUTPUTS) is not None:
             node.has_outputs = True
-            self._flatten(obj["outputs"], "outputs", node)
+            self._flatten(obj[fmt.OUTPUTS], "outputs", node)
+        return node
+
+    def op_node(self, obj: dict[str, Any], parent: Node, depth: int) -> Node:
+        """An op node: the enclosing call's path and call index, its own ``op`` and ``op_index``."""
+        index = obj.get(fmt.OP_INDEX)
+        node = Node(module_path=parent.module_path, relative_path=parent.relative_path,
+                    call_index=parent.call_index, module_type=parent.module_type, depth=depth,
+                    enter_order=self.order, parent=parent, op=obj[fmt.OP],
+                    op_index=index if isinstance(index, int) else len(parent.ops))
+        self._flatten(obj.get(fmt.INPUTS), "inputs", node)
+        node.exit_order = self.order
+        if obj.get(fmt.OUTPUTS) is not None:
+            node.has_outputs = True
+            self._flatten(obj[fmt.OUTPUTS], "outputs", node)
         return node
 
     def backward(self, entries: Any) -> list[Node]:
@@ -182,17 +199,17 @@ class _Builder:
             raise TraceFormatError(f"{self.json_path}: 'backward' is not a list")
         nodes, events = [], []
         for i, entry in enumerate(entries):
-            if not isinstance(entry, dict) or not isinstance(entry.get("module_path"), str):
+            if not isinstance(entry, dict) or not isinstance(entry.get(fmt.MODULE_PATH), str):
                 raise TraceFormatError(f"{self.json_path}: backward entry {i} is not a node")
-            path = entry["module_path"]
+            path = entry[fmt.MODULE_PATH]
             node = Node(module_path=path, relative_path=path.split(".", 1)[1] if "." in path else "",
-                        call_index=int(entry.get("call_index", 0)), module_type=entry.get("module_type"),
+                        call_index=int(entry.get(fmt.CALL_INDEX, 0)), module_type=entry.get(fmt.MODULE_TYPE),
                         depth=0, enter_order=-1, phase="backward", has_outputs=True)
             nodes.append(node)
-            arrival, departure = (list(entry.get("backward_order") or []) + [None, None])[:2]
-            events.append((arrival if arrival is not None else 2 * i, node, entry.get("grad_outputs"), "grad_outputs"))
-            if "grad_inputs" in entry:
-                events.append((departure if departure is not None else 2 * i + 1, node, entry["grad_inputs"],
+            arrival, departure = (list(entry.get(fmt.BACKWARD_ORDER) or []) + [None, None])[:2]
+            events.append((arrival if arrival is not None else 2 * i, node, entry.get(fmt.GRAD_OUTPUTS), "grad_outputs"))
+            if fmt.GRAD_INPUTS in entry:
+                events.append((departure if departure is not None else 2 * i + 1, node, entry[fmt.GRAD_INPUTS],
                                "grad_inputs"))
         for _, node, value, slot in sorted(events, key=lambda e: e[0]):
             if node.enter_order < 0:
@@ -204,9 +221,9 @@ class _Builder:
     def _flatten(self, value: Any, slot: str, node: Node) -> None:
         if value is None:
             return
-        if isinstance(value, dict) and isinstance(value.get("shape"), str) and isinstance(value.get("dtype"), str):
+        if fmt.is_tensor_entry(value):
             node.tensors.append(_tensor_record(value, slot, self._tick()))
-        elif isinstance(value, dict) and "py_type" in value:
+        elif fmt.is_typed_value(value):
             node.values[slot] = _typed_value(value)
         elif isinstance(value, dict):
             for key, item in value.items():
@@ -219,25 +236,24 @@ class _Builder:
 
 
 def _typed_value(entry: dict[str, Any]) -> Any:
-    if "py_value" not in entry:
-        return ReprValue(str(entry.get("repr", "")))
-    value = entry["py_value"]
-    return tuple(value) if entry["py_type"] == "tuple" and isinstance(value, list) else value
+    known, value = fmt.typed_value_content(entry)
+    return value if known else ReprValue(str(entry.get(fmt.REPR, "")))
 
 
 def _tensor_record(entry: dict[str, Any], slot: str, order: int) -> TensorRecord:
-    stored = entry.get("value")
-    stats = entry.get("stats")
+    stored = entry.get(fmt.VALUE)
+    stats = entry.get(fmt.STATS)
     if not isinstance(stats, dict):
-        stats = {key: parsed for key in _STRING_STATS if (parsed := parse_scalar(entry.get(key))) is not None}
+        stats = {key: parsed for key in fmt.STRING_STAT_KEYS if (parsed := parse_scalar(entry.get(key))) is not None}
     return TensorRecord(
         slot=slot,
         order=order,
-        shape=parse_shape(entry["shape"]),
-        dtype=entry["dtype"],
+        shape=parse_shape(entry[fmt.SHAPE]),
+        dtype=entry[fmt.DTYPE],
         stats={k: v for k, v in stats.items() if isinstance(v, (int, float))},
         payload=stored if isinstance(stored, str) else None,
-        repr_lines=tuple(stored) if isinstance(stored, list) else None,
+        repr_lines=tuple(stored) if isinstance(stored, list) and value_problem(stored) is None else None,
+        stale_reason=value_problem(stored),  # a 'value' that is a number or an object: said in the row
     )
 
 

@@ -67,6 +67,12 @@ class Node:
     error: dict[str, Any] | None = None
     has_outputs: bool = False
     phase: str = "forward"
+    # Op nodes (op-level capture): ``op`` is the qualified torch function name and ``op_index`` its
+    # position among the recorded ops of the enclosing call, whose path and call index the op node shares.
+    # A module node keeps its op nodes in ``ops`` (in call order), not in ``children``.
+    op: str | None = None
+    op_index: int | None = None
+    ops: list[Node] = field(default_factory=list)
 
     @property
     def key(self) -> tuple[str, str, int]:

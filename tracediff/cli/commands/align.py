@@ -9,26 +9,34 @@ from typing import Any
 
 from .._alignment_options import add_alignment_options
 from .._output import add_output_options, emit
+from ..exit_codes import exit_codes_help
 
 EXAMPLE = """examples:
   tracediff align traces/orig traces/port
   tracediff align traces/orig traces/port --atol 1e-5 --atol 'layers.*.mlp=1e-4' --format json
   tracediff align traces/orig traces/port --map rename.json --format html -o report.html
   tracediff align traces/orig traces/port --suggest-map rename.json
-
-exit codes: 0 every compared tensor within tolerance, 1 something diverges,
-2 bad input or usage."""
+  tracediff align traces/ref-fp32 traces/port-bf16 --baseline traces/ref-bf16   # judge against bf16 noise
+  tracediff align traces/ref traces/port --ignore 'rotary_emb' --next 1   # step past a benign difference"""
 
 
 def register(sub: Any) -> None:
     p = sub.add_parser("align", help="find where trace B first departs from reference trace A",
                        description="Compare trace B (the port) against reference trace A and report the first "
                                    "diverging tensor in execution order.",
-                       epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       epilog=EXAMPLE + "\n\n" + exit_codes_help("every compared tensor within tolerance and both traces complete",
+                                  "something diverges, cannot be read, or a trace is incomplete "
+                                  "(without --allow-incomplete)"), formatter_class=argparse.RawDescriptionHelpFormatter)
     add_alignment_options(p)
-    p.add_argument("--suggest-map", metavar="FILE", help="write the rename rules inferred by structural matching")
+    p.add_argument("--suggest-map", metavar="FILE",
+                   help="write every rename rule inferred from the pairs found by structure or layout (the "
+                        "console shows the first 10 and the count); pass the file back with --map")
     add_output_options(p, ["table", "json", "csv", "markdown", "html"])
-    p.add_argument("--all", action="store_true", help="show every row in table/markdown output")
+    p.add_argument("--all", action="store_true", help="show every row (and every error source) in table/markdown "
+                                                      "output")
+    p.add_argument("--next", type=int, default=0, metavar="N",
+                   help="centre the table on error source N+1 (0: the first divergence), to step past a benign "
+                        "difference; the sources are listed in the report")
     p.set_defaults(run=run)
 
 
@@ -39,10 +47,16 @@ def run(args: argparse.Namespace) -> int:
 
     result = run_alignment(args, "align")
     if args.suggest_map:
-        write_json(Path(args.suggest_map), {"rename": [list(rule) for rule in result.suggested_rename]})
+        from ...render.matching import suggested_map
+
+        suggestion = suggested_map(result)
+        write_json(Path(args.suggest_map), suggestion, user_target=True)
         if not result.suggested_rename:
             print(f"tracediff align: module paths lined up by name; {args.suggest_map} has no rules",
                   file=sys.stderr)
+        elif args.format == "table":  # other formats keep stdout for the report alone
+            layout = f" and {len(suggestion['layout'])} layout pairings" if "layout" in suggestion else ""
+            print(f"wrote {len(result.suggested_rename)} rename rules{layout} to {args.suggest_map}")
     emit(_render(result, args), args.output)
     return 0 if result.passed else 1
 
@@ -55,9 +69,9 @@ def _render(result: Any, args: argparse.Namespace) -> str:
     if args.format == "csv":
         return render_csv(result)
     if args.format == "markdown":
-        return render_markdown(result, all_rows=args.all)
+        return render_markdown(result, all_rows=args.all, focus=args.next)
     if args.format == "html":
         from ...render.html import render_html
 
         return render_html(result)
-    return render_table(result, all_rows=args.all)
+    return render_table(result, all_rows=args.all, focus=args.next)

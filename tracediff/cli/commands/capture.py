@@ -6,10 +6,13 @@ import argparse
 import sys
 from typing import Any
 
+from .._ops_options import add_ops_options, ops_kwargs
+from ..exit_codes import exit_codes_help
 
 EXAMPLE = """example:
   tracediff capture my_port.py:build --out traces/port --inputs inputs.safetensors
   tracediff capture mypkg.reference:build --out traces/orig --save-inputs inputs.safetensors
+  tracediff capture mypkg.reference:build --out traces/ref-bf16 --dtype bfloat16   # a baseline
 
 SPEC names a function returning (model, inputs); inputs is a tensor, a tuple
 of positional arguments or a dict of keyword arguments. The forward runs once
@@ -19,11 +22,15 @@ under torch.no_grad()."""
 def register(sub: Any) -> None:
     p = sub.add_parser("capture", help="record every module call of one forward pass",
                        description="Record every module call of one forward pass into a trace folder.",
-                       epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       epilog=EXAMPLE + "\n\n" + exit_codes_help("captured", "--verify found a difference"), formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("spec", metavar="SPEC", help="package.module:function or path/to/script.py:function")
     p.add_argument("--out", required=True, metavar="DIR", help="trace folder (must be empty unless --overwrite)")
     p.add_argument("--inputs", metavar="FILE", help="safetensors file replacing the example inputs "
                    "(keys args.0, kwargs.NAME)")
+    p.add_argument("--inputs-map", action="append", metavar="FILE_KEY=SLOT",
+                   help="which key of the --inputs file feeds which input of the model, e.g. "
+                        "'args.0=kwargs.input_ids' (repeatable); without it, the only tensor of each side is paired "
+                        "when shape and dtype agree")
     p.add_argument("--save-inputs", metavar="FILE", help="also write the inputs used to FILE")
     p.add_argument("--tensors", choices=["full", "summary", "repr"], default="full",
                    help="full payloads (default), statistics only, or repr lines")
@@ -34,17 +41,26 @@ def register(sub: Any) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace a trace already in DIR")
     p.add_argument("--verify", action="store_true",
                    help="also run without capture and check the outputs are bit-identical (exit 1 if not)")
+    add_ops_options(p)
+    p.add_argument("--dtype", metavar="DTYPE",
+                   help="cast the model and its floating inputs first (bfloat16, float16, float32, float64): "
+                        "how a baseline for align --baseline is captured")
+    p.add_argument("--device", metavar="DEVICE", help="move the model and its inputs first (cpu, cuda, cuda:1)")
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    from ...capturing.inputs_map import parse_inputs_map
     from ...capturing.spec import capture_spec
 
     session = capture_spec(args.spec, args.out, inputs=args.inputs, save_inputs_to=args.save_inputs,
                            tensors=args.tensors, overwrite=args.overwrite, verify=args.verify,
-                           prune_layers=args.prune_layers, backward=args.backward, progress=True)
+                           prune_layers=args.prune_layers, backward=args.backward, progress=True,
+                           dtype=args.dtype, device=args.device, inputs_map=parse_inputs_map(args.inputs_map),
+                           on_note=lambda note: print(f"tracediff capture: {note}"), **ops_kwargs(args))
     size = session.payload_bytes / 1e6
-    print(f"captured {session.calls} module calls into {session.trace_dir} "
+    ops = f" and {session.ops} ops" if session.ops else ""
+    print(f"captured {session.calls} module calls{ops} into {session.trace_dir} "
           f"({session.files} payload files, {size:.1f} MB)")
     if session.verification is not None:
         v = session.verification

@@ -7,6 +7,7 @@ import shlex
 import sys
 from typing import Any
 
+from ..exit_codes import exit_codes_help
 
 EXAMPLE = """examples:
   tracediff demo
@@ -15,17 +16,14 @@ EXAMPLE = """examples:
 A reference transformer and a port of it (other module names, weights copied,
 one planted bug) run on the same tokens under capture; the traces are aligned
 through the rename map the demo writes, and the first divergence is printed.
-Nothing is downloaded; it takes a few seconds.
-
-exit codes: 0 the demo ran and found the planted bug, 1 it did not,
-2 the output folder cannot be used."""
+Nothing is downloaded; it takes a few seconds."""
 
 
 def register(sub: Any) -> None:
     p = sub.add_parser("demo", help="run the porting story on a built-in example (start here)",
                        description="Capture a reference model and a buggy port of it, align them, and write\n"
                                    "the traces, the rename map and an HTML report into one folder.",
-                       epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       epilog=EXAMPLE + "\n\n" + exit_codes_help("the demo ran and found the planted bug", "it did not find it"), formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="tracediff-demo", metavar="DIR",
                    help="demo folder (default: tracediff-demo in the current directory)")
     p.add_argument("--overwrite", action="store_true", help="replace the files of an earlier demo in DIR")

@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 
 from .._alignment_options import add_alignment_options
+from ..exit_codes import exit_codes_help
 
 EXAMPLE = """examples:
   tracediff plot traces/orig traces/port -o errors.png
@@ -13,16 +14,13 @@ EXAMPLE = """examples:
 
 The error of every compared tensor along B's execution order (log scale),
 the atol line and the first divergence, as PNG, SVG or PDF. Needs matplotlib:
-pip install 'tracediff[plot]'. The alignment options are those of align.
-
-exit codes: 0 the plot was written (whether or not the traces diverge),
-2 bad input, or matplotlib missing."""
+pip install 'tracediff[plot]'. The alignment options are those of align."""
 
 
 def register(sub: Any) -> None:
     p = sub.add_parser("plot", help="draw the error of every tensor along execution order (PNG/SVG/PDF)",
                        description="Align trace B against reference trace A and draw the error-growth plot.",
-                       epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       epilog=EXAMPLE + "\n\n" + exit_codes_help("the plot was written (whether or not the traces diverge)"), formatter_class=argparse.RawDescriptionHelpFormatter)
     add_alignment_options(p)
     p.add_argument("--output", "-o", required=True, metavar="FILE", help="image to write: .png, .svg or .pdf")
     p.add_argument("--title", help="plot title (default: the two model names and the verdict)")

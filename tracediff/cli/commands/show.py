@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 
 from .._output import add_output_options, emit
+from ..exit_codes import exit_codes_help
 
 EXAMPLE = """examples:
   tracediff show traces/port
@@ -15,16 +16,14 @@ EXAMPLE = """examples:
 --path is a glob over module paths, relative (layers.0.mlp) or full
 (LlamaModel.layers.0.mlp); '*' also crosses dots. Matching calls are shown
 with everything below them (down to --depth levels) and their ancestors.
-Tensors holding NaN or Inf are flagged, and the first one is named.
-
-exit codes: 0 shown, 2 bad input (unreadable trace, no path matching GLOB)."""
+Tensors holding NaN or Inf are flagged, and the first one is named."""
 
 
 def register(sub: Any) -> None:
     p = sub.add_parser("show", help="print the call tree of one trace with shapes, dtypes and statistics",
                        description="Print the call tree of one trace: every module call with the shape, dtype,\n"
                                    "mean, std, min and max of its tensors; NaN/Inf flagged.",
-                       epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       epilog=EXAMPLE + "\n\n" + exit_codes_help("shown (an incomplete trace is shown and says so)"), formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("trace", metavar="TRACE", help="trace folder (or its JSON file)")
     p.add_argument("--path", metavar="GLOB", help="only calls whose module path matches GLOB (and their subtrees)")
     p.add_argument("--depth", type=_depth, metavar="N", help="levels shown below the root (or below each match)")

@@ -6,6 +6,7 @@ import argparse
 from typing import Any
 
 from .._output import add_output_options, emit
+from ..exit_codes import exit_codes_help
 
 EXAMPLE = """example:
   tracediff steps runs/a runs/b
@@ -16,15 +17,13 @@ compared in order, groups in causal order (rngs, batch, params, buffers,
 grads, optimizer), tensors in model order. Equal hashes are identical; with
 the default --atol 0 --rtol 0 any hash difference diverges; with a tolerance,
 differing tensors pass when their recorded statistics (min, max, mean,
-abs_mean, std, median) satisfy |b - a| <= atol + rtol * |a|.
-
-exit codes: 0 identical or within tolerance, 1 a divergence, 2 bad input."""
+abs_mean, std, median) satisfy |b - a| <= atol + rtol * |a|."""
 
 
 def register(sub: Any) -> None:
     p = sub.add_parser("steps", help="find the first training step at which two recorded runs differ",
                        description="Compare two training records written by tracediff.StepRecorder.",
-                       epilog=EXAMPLE, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       epilog=EXAMPLE + "\n\n" + exit_codes_help("identical or within tolerance", "a divergence (comparing nothing is exit 2, never a pass)"), formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run_a", metavar="RUN_A", help="the reference run folder")
     p.add_argument("run_b", metavar="RUN_B", help="the run folder compared with it")
     p.add_argument("--atol", type=float, default=0.0, metavar="F",

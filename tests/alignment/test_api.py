@@ -1,0 +1,153 @@
+"""The Python API behaves as Python users expect: truth values, symmetric names, short reprs, rename forms."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+import tracediff
+from tests.alignment.helpers import RENAME_RULES, TraceStore
+from tracediff.alignment.result import TABLE_COLUMNS, Alignment
+
+
+@pytest.fixture(scope="module")
+def buggy(traces: TraceStore) -> Alignment:
+    return tracediff.align(traces("ref"), traces("renamed-bug"), rename=RENAME_RULES)
+
+
+@pytest.fixture(scope="module")
+def clean(traces: TraceStore) -> Alignment:
+    return tracediff.align(traces("ref"), traces("renamed"), rename=RENAME_RULES)
+
+
+# --- truth values -------------------------------------------------------------------------------------------
+
+
+def test_first_divergence_is_truthy_exactly_when_there_is_one(buggy: Alignment, clean: Alignment) -> None:
+    first = buggy.first_divergence
+    assert first  # a diverged row is an object like any other: truthy
+    assert first.diverged and not first.passed
+    assert clean.first_divergence is None
+    assert not buggy and clean  # the whole result keeps truthiness = passed
+
+
+def test_rows_have_no_truth_value_of_their_own(buggy: Alignment) -> None:
+    assert "__bool__" not in vars(type(buggy.rows[0]))
+    assert all(bool(row) for row in buggy.rows)
+    assert [row.passed for row in buggy.rows] == [not row.diverged and row.status != "unreadable"
+                                                  for row in buggy.rows]
+    assert buggy.passed == all(row.passed for row in buggy.rows)
+
+
+# --- symmetric names ----------------------------------------------------------------------------------------
+
+
+def test_symmetric_names_mirror_the_old_ones(buggy: Alignment) -> None:
+    for row in buggy.rows:
+        assert row.call_index_a == row.call_index
+        assert row.tensor_b == row.tensor
+
+
+def test_json_keys_keep_the_contract_and_add_the_symmetric_names(buggy: Alignment) -> None:
+    first = buggy.to_dict()["first_divergence"]
+    assert first["call_index"] == first["call_index_a"] == buggy.first_divergence.call_index
+    assert first["tensor"] == first["tensor_b"] == buggy.first_divergence.tensor
+    assert {"call_index_b", "tensor_a", "module_path_a", "module_path_b"} <= set(first)
+    keys = list(first)
+    assert keys.index("call_index_a") == keys.index("call_index") + 1
+    assert keys.index("tensor_b") == keys.index("tensor") + 1
+
+
+def test_table_has_the_symmetric_columns_next_to_the_old_ones(buggy: Alignment) -> None:
+    table = buggy.table
+    assert list(table.columns) == TABLE_COLUMNS
+    assert (table["call_index_a"] == table["call_index"]).all()
+    assert (table["tensor_b"] == table["tensor"]).all()
+    columns = list(table.columns)
+    assert columns.index("call_index_a") == columns.index("call_index") + 1
+
+
+# --- reprs --------------------------------------------------------------------------------------------------
+
+
+def test_repr_is_one_short_line(buggy: Alignment) -> None:
+    text = repr(buggy)
+    assert "\n" not in text and len(text) < 800
+    assert text.startswith("Alignment(passed=False, compared=")
+    row = repr(buggy.first_divergence)
+    assert "\n" not in row and len(row) < 400 and row.startswith("TensorComparison(order=")
+
+
+def test_repr_html_shows_the_verdict_and_the_first_divergence(buggy: Alignment, clean: Alignment) -> None:
+    page = buggy._repr_html_()
+    assert "DIVERGED" in page and "first divergence" in page
+    assert buggy.first_divergence.module_path_b.split(".")[-1] in page
+    assert "PASSED" in clean._repr_html_()
+    assert len(page) < 5000
+
+
+def test_repr_html_escapes_what_it_shows(buggy: Alignment) -> None:
+    from dataclasses import replace
+
+    hostile = replace(buggy, trace_a="<script>alert(1)</script>")
+    page = hostile._repr_html_()
+    assert "<script>" not in page and "&lt;script&gt;" in page
+
+
+def test_to_html_goes_through_the_renderer_registry(clean: Alignment) -> None:
+    from tracediff._display import renderer_for
+    from tracediff.render.html import render_html
+
+    assert renderer_for(clean, "html")(clean) == render_html(clean)
+    with pytest.raises(LookupError, match="no pdf renderer for Alignment"):
+        renderer_for(clean, "pdf")
+
+
+# --- rename forms -------------------------------------------------------------------------------------------
+
+
+def test_rename_accepts_the_map_file_object_and_its_path(traces: TraceStore, clean: Alignment,
+                                                         tmp_path: Path) -> None:
+    mapping = {"rename": RENAME_RULES, "slots": []}  # keys it does not handle are left alone
+    path = tmp_path / "map.json"
+    path.write_text(json.dumps(mapping), encoding="utf-8")
+    tuples = [tuple(rule) for rule in RENAME_RULES]
+    for spec in (mapping, path, str(path), tuples):
+        result = tracediff.align(traces("ref"), traces("renamed"), rename=spec)
+        assert result.passed and len(result.rows) == len(clean.rows), type(spec)
+
+
+def test_rename_refuses_anything_else(traces: TraceStore) -> None:
+    with pytest.raises(tracediff.UsageError, match="rename: got int; expected a list"):
+        tracediff.align(traces("ref"), traces("renamed"), rename=3)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match='the "rename" entry is str'):
+        tracediff.align(traces("ref"), traces("renamed"), rename={"rename": "blocks"})
+
+
+# --- errors -------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("name", "builtin"), [
+    ("UsageError", ValueError), ("TraceFormatError", ValueError), ("UnsafePathError", ValueError),
+    ("CaptureSpecError", ValueError), ("PayloadError", OSError), ("InputsFileError", OSError),
+    ("OutputDirError", OSError),
+])
+def test_every_error_is_also_the_matching_builtin(name: str, builtin: type) -> None:
+    cls = getattr(tracediff, name)
+    assert issubclass(cls, tracediff.TracediffError) and issubclass(cls, builtin)
+    error = cls("trace.json: not a trace")
+    assert str(error) == "trace.json: not a trace"
+    with pytest.raises(builtin, match="not a trace"):
+        raise error
+
+
+def test_a_missing_trace_is_caught_as_a_value_error(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=str(tmp_path / "nowhere")):
+        tracediff.align(tmp_path / "nowhere", tmp_path / "nowhere")
+
+
+def test_metrics_of_the_rows_are_plain_floats(buggy: Alignment) -> None:
+    assert all(isinstance(row.max_abs_err, float) and not math.isnan(row.max_abs_err) for row in buggy.rows)

@@ -1,0 +1,224 @@
+"""The payload pipeline: writer threads and a bounded pool write what the synchronous path writes."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import tracediff
+from tests.capturing.helpers import files, find, metadata, payload, trace_json
+from tests.models import SharedLoop, seeded, tiny_llama, toy_input
+from tracediff.capturing import pipeline as pipeline_module
+from tracediff.capturing.pipeline import HostPool, PayloadPipeline
+from tracediff._io import read_tensor_file
+from tracediff.errors import OutputDirError, UsageError
+
+
+def _capture(model: nn.Module, inputs: dict[str, torch.Tensor], out: Path, **options: object) -> object:
+    with torch.no_grad(), tracediff.capture(model, out, **options) as session:  # type: ignore[arg-type]
+        model(**inputs)
+    return session
+
+
+def _bytes_of(folder: Path) -> dict[str, bytes]:
+    """Every file of a trace but the metadata (it holds the time and the options)."""
+    return {p.name: p.read_bytes() for p in folder.iterdir() if p.name != "tracediff_metadata.json"}
+
+
+@pytest.mark.parametrize("writers,pool_mb", [(2, 256), (1, 1), (3, 0)])
+def test_the_pipeline_writes_exactly_the_files_of_the_synchronous_path(
+    tmp_path: Path, writers: int, pool_mb: int
+) -> None:
+    model, inputs = tiny_llama(layers=2)
+    _capture(model, inputs, tmp_path / "sync", writers=0)
+    session = _capture(model, inputs, tmp_path / "pipe", writers=writers, pool_mb=pool_mb)
+    expected, got = _bytes_of(tmp_path / "sync"), _bytes_of(tmp_path / "pipe")
+    assert sorted(got) == sorted(expected) and len(got) > 40
+    assert [name for name in expected if got[name] != expected[name]] == []  # payloads and trees, byte for byte
+    meta = metadata(tmp_path / "pipe")
+    assert meta["complete"] is True and meta["payload_files"] == session.files == len(got) - 2  # type: ignore[attr-defined]
+    assert meta["payload_bytes"] == metadata(tmp_path / "sync")["payload_bytes"]
+    stated = meta["options"]["payload_pipeline"]
+    assert stated["writers"] == writers and stated["pool_bytes"] == pool_mb << 20
+    assert stated["peak_pool_bytes"] <= stated["pool_bytes"]
+
+
+def test_the_pool_size_is_stated_and_summary_capture_has_no_pipeline(tmp_path: Path) -> None:
+    model, inputs = tiny_llama(layers=1)
+    _capture(model, inputs, tmp_path / "full")
+    _capture(model, inputs, tmp_path / "summary", tensors="summary")
+    stated = metadata(tmp_path / "full")["options"]["payload_pipeline"]
+    assert stated["pool_bytes"] == 256 << 20 and stated["writers"] == pipeline_module.default_writers()
+    assert metadata(tmp_path / "summary")["options"]["payload_pipeline"] is None
+
+
+class ModifiesRecorded(nn.Module):
+    """The parent doubles its child's output in place after the child returned (and was recorded)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.inner(x)
+        y.mul_(2.0)
+        y.add_(1.0)
+        return y
+
+
+class GatedWrites:
+    """A write function that holds every payload until ``open()``: writers lag far behind the forward."""
+
+    def __init__(self) -> None:
+        self.gate = threading.Event()
+        self.real = pipeline_module.write_tensor_file
+
+    def __call__(self, path: Path, tensor: torch.Tensor) -> int:
+        self.gate.wait(10)
+        return self.real(path, tensor)
+
+
+def test_a_tensor_changed_in_place_after_it_was_recorded_keeps_its_recorded_values(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model, x = seeded(ModifiesRecorded), toy_input()
+    recorded = model.inner(x).detach().clone()
+    gated = GatedWrites()
+    monkeypatch.setattr(pipeline_module, "write_tensor_file", gated)
+    with torch.no_grad(), tracediff.capture(model, tmp_path, writers=2) as session:
+        out = model(x)
+        assert session.files == 0  # nothing written yet: every payload waits in the pool
+        gated.gate.set()
+    tree = trace_json(tmp_path)
+    (inner,) = find(tree, "ModifiesRecorded.inner")
+    assert torch.equal(payload(tmp_path, inner["outputs"]), recorded)
+    assert torch.equal(payload(tmp_path, tree["outputs"]), out)  # the same object, recorded again once changed
+    assert inner["outputs"]["stats"]["max"] == pytest.approx(float(recorded.max()))
+
+
+def test_a_tiny_pool_bounds_memory_and_makes_the_forward_wait(tmp_path: Path) -> None:
+    tensors = [torch.full((64, 256), float(i)) for i in range(12)]  # 64 KiB each
+    slow_calls: list[float] = []
+
+    def slow_write(path: Path, tensor: torch.Tensor) -> int:
+        time.sleep(0.01)
+        slow_calls.append(time.perf_counter())
+        return pipeline_module.write_tensor_file(path, tensor)
+
+    pipe = PayloadPipeline(writers=2, pool_bytes=3 << 16, write=slow_write)
+    for i, t in enumerate(tensors):
+        assert pipe.submit(tmp_path / f"{i}.safetensors", t) == 1 << 16
+        t.fill_(-1.0)  # the pool holds a copy: changing the tensor now changes nothing written
+    pipe.close()
+    assert pipe.pool.peak <= 3 << 16 and pipe.files == 12 and pipe.payload_bytes == 12 << 16
+    for i in range(12):
+        written = read_tensor_file(tmp_path / f"{i}.safetensors")
+        assert torch.equal(written, torch.full((64, 256), float(i)))
+
+
+def test_a_tensor_larger_than_the_pool_is_written_directly(tmp_path: Path) -> None:
+    calls: list[str] = []
+
+    def write(path: Path, tensor: torch.Tensor) -> int:
+        calls.append(threading.current_thread().name)
+        return pipeline_module.write_tensor_file(path, tensor)
+
+    pipe = PayloadPipeline(writers=1, pool_bytes=1 << 16, write=write)
+    big = torch.arange(1 << 15, dtype=torch.float32)  # 128 KiB
+    pipe.submit(tmp_path / "big.safetensors", big)
+    pipe.close()
+    assert calls == [threading.current_thread().name] and pipe.pool.peak == 0
+    assert torch.equal(read_tensor_file(tmp_path / "big.safetensors"), big)
+
+
+def test_the_pool_reuses_and_drops_buffers_within_its_capacity() -> None:
+    pool = HostPool(4 << 16)
+    first = pool.acquire(1000)
+    assert first is not None and first.numel() == 1 << 16
+    pool.release(first)
+    assert pool.acquire(500) is first  # reused
+    pool.release(first)
+    large = pool.acquire(4 << 16)  # the idle small buffer is dropped to make room
+    assert large is not None and large.numel() == 4 << 16 and pool.allocated == 4 << 16
+    assert pool.acquire(1, abandon=lambda: True) is None  # full, and told to give up instead of waiting
+
+
+def test_the_pool_hands_out_the_smallest_free_buffer_that_fits() -> None:
+    pool = HostPool(8 << 16)
+    small, big = pool.acquire(1 << 16), pool.acquire(3 << 16)
+    assert small is not None and big is not None
+    pool.release(big)
+    pool.release(small)
+    assert pool.acquire(2 << 16) is big and pool.acquire(10) is small and pool.allocated == 4 << 16
+
+
+class DiskFillsUp:
+    """``os.replace`` of payload files fails with ENOSPC after ``allowed`` of them."""
+
+    def __init__(self, allowed: int) -> None:
+        self.allowed, self.real, self.payloads, self.refused = allowed, os.replace, 0, []
+
+    def __call__(self, src: str, dst: str) -> None:
+        if str(dst).endswith(".safetensors"):
+            self.payloads += 1
+            if self.payloads > self.allowed:
+                self.refused.append(Path(dst).name)
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        self.real(src, dst)
+
+
+def test_a_writer_error_marks_the_trace_incomplete_and_names_the_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    model, x = seeded(SharedLoop), toy_input()
+    expected = model(x)
+    disk = DiskFillsUp(allowed=3)
+    monkeypatch.setattr(os, "replace", disk)
+    out = None
+    with pytest.raises(OutputDirError) as raised, tracediff.capture(model, tmp_path, writers=1) as session:
+        out = model(x)
+    monkeypatch.undo()
+    assert out is not None and torch.equal(out, expected)  # the forward went on
+    refused = tmp_path / "SharedLoop.shared@1_outputs.safetensors"
+    assert disk.refused == [refused.name]  # one writer: the same file as the synchronous path
+    assert str(raised.value) == f"{refused}: could not write payload: No space left on device"
+    meta = metadata(tmp_path)
+    assert meta["complete"] is False and meta["capture_failure"] == str(raised.value)
+    assert session.complete is False and session.files == meta["payload_files"] == 3
+    assert not [name for name in files(tmp_path) if name.endswith(".tmp") or name.startswith(".")]
+
+
+def test_an_unexpected_writer_exception_is_reported_with_the_file(tmp_path: Path) -> None:
+    def broken(path: Path, tensor: torch.Tensor) -> int:
+        raise RuntimeError("device vanished")
+
+    pipe = PayloadPipeline(writers=1, pool_bytes=1 << 20, write=broken)
+    pipe.submit(tmp_path / "a.safetensors", torch.ones(4))
+    with pytest.raises(OutputDirError, match=r"a\.safetensors: could not write payload: RuntimeError: device vanished"):
+        pipe.close()
+    with pytest.raises(OutputDirError):
+        pipe.submit(tmp_path / "b.safetensors", torch.ones(4))  # later payloads are refused, naming the first error
+
+
+def test_verify_stays_bit_identical_with_writer_threads(tmp_path: Path) -> None:
+    model, inputs = tiny_llama(layers=2)
+    with torch.no_grad(), tracediff.capture(model, tmp_path, writers=2, verify=True) as session:
+        model(**inputs)
+    assert session.verification is not None and session.verification.identical
+    assert json.loads((tmp_path / "tracediff_metadata.json").read_text())["verification"]["identical"] is True
+
+
+@pytest.mark.parametrize("option", [{"writers": -1}, {"writers": 1.5}, {"pool_mb": -1}, {"pool_mb": True}])
+def test_bad_pipeline_options_are_refused_before_anything_runs(tmp_path: Path, option: dict[str, object]) -> None:
+    model = seeded(SharedLoop)
+    with pytest.raises(UsageError), tracediff.capture(model, tmp_path / "out", **option):  # type: ignore[arg-type]
+        model(toy_input())
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())

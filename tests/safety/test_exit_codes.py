@@ -1,0 +1,70 @@
+"""The four exit codes: 0 passed, 1 diverged and nothing else, 2 bad input, 3 internal error."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import tracediff.show
+from tracediff.cli.exit_codes import EXIT_CODES
+from tracediff.cli.main import build_parser
+from tests.safety.helpers import cli
+
+
+def _boom(*_args: Any, **_kwargs: Any) -> Any:
+    raise RuntimeError("boom\nsecond line")
+
+
+def test_an_internal_error_exits_3_with_one_line(monkeypatch: pytest.MonkeyPatch, small_trace: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(tracediff.show, "show_trace", _boom)
+    monkeypatch.delenv("TRACEDIFF_DEBUG", raising=False)
+    code, out, err = cli(["show", str(small_trace)], capsys)
+    assert code == 3 and out == ""
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith("tracediff show: internal error: RuntimeError: boom second line (at test_exit_codes.py:")
+    assert err.endswith("; please report it with the command (run with --debug for the traceback)\n")
+
+
+@pytest.mark.parametrize("how", [["--debug", "show"], ["show", "--debug"], "env"])
+def test_debug_prints_the_traceback(how: Any, monkeypatch: pytest.MonkeyPatch, small_trace: Path,
+                                    capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(tracediff.show, "show_trace", _boom)
+    argv = ["show", str(small_trace)] if how == "env" else [*how, str(small_trace)]
+    if how == "env":
+        monkeypatch.setenv("TRACEDIFF_DEBUG", "1")
+    code, _, err = cli(argv, capsys)
+    assert code == 3
+    assert err.startswith("Traceback (most recent call last):") and "RuntimeError: boom" in err
+    assert err.splitlines()[-1].endswith("; please report it with the command")
+
+
+def test_a_divergence_is_the_only_exit_1(tmp_path: Path, small_trace: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.safety.helpers import capture_small
+
+    other = capture_small(tmp_path / "other", seed=1)
+    assert cli(["align", str(small_trace), str(small_trace)], capsys)[0] == 0
+    assert cli(["align", str(small_trace), str(other)], capsys)[0] == 1
+    code, _, err = cli(["align", str(small_trace), str(tmp_path / "missing")], capsys)
+    assert code == 2 and err == f"tracediff align: error: {tmp_path / 'missing'}: no such trace folder or file\n"
+
+
+def test_every_command_documents_the_four_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
+    parser = build_parser()
+    commands = next(a for a in parser._actions if a.dest == "command").choices  # type: ignore[union-attr]
+    assert set(commands) >= {"demo", "capture", "show", "align", "plot", "steps"}
+    for name, command in commands.items():
+        text = command.format_help()
+        assert "exit codes:\n  0  " in text and EXIT_CODES in text, name
+        assert "--debug" in text, name
+    assert EXIT_CODES in parser.format_help()
+
+
+def test_help_and_debug_flag_do_not_import_torch() -> None:
+    code = ("import sys; from tracediff.cli.main import build_parser; build_parser().format_help(); "
+            "assert 'torch' not in sys.modules, 'torch imported'")
+    subprocess.run([sys.executable, "-c", code], check=True)

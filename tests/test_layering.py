@@ -1,0 +1,129 @@
+"""The package's layers, read from the import statements of every module (module level and inside functions).
+
+cli -> demo -> render -> alignment / steps / show / replaying -> capturing -> trace -> the base
+(``format``, ``errors``, ``_io`` and the other private top-level modules), in that direction only:
+the core never imports the command line or a renderer. ``Alignment.to_html()`` reaches the renderer
+through the registry in ``tracediff._display``, which the render package fills.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import tracediff
+
+PACKAGE_ROOT = Path(tracediff.__file__).parent
+
+# Each layer and the layers it may import (besides itself). "base": errors, format, _version, _io, _display...
+ALLOWED: dict[str, set[str]] = {
+    "base": set(),
+    "trace": {"base"},
+    "capturing": {"base", "trace"},
+    "alignment": {"base", "trace"},
+    "show": {"base", "trace"},
+    "steps": {"base", "trace", "capturing"},
+    "replaying": {"base", "trace", "capturing", "alignment"},
+    "render": {"base", "trace", "capturing", "alignment", "show", "steps", "replaying"},
+    "demo": {"base", "trace", "capturing", "alignment", "render"},
+    "cli": {"base", "trace", "capturing", "alignment", "show", "steps", "replaying", "render", "demo"},
+    "entry": {"base", "trace", "capturing", "alignment", "show", "steps", "replaying", "cli"},
+}
+CORE = {"base", "trace", "capturing", "alignment", "show", "steps", "replaying"}
+BASE_MODULES = {"errors", "format"}  # and every private top-level module (_io, _display, _version...)
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE_ROOT.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def layer_of(module: str) -> str:
+    parts = module.split(".")
+    if len(parts) == 1 or parts[1] == "__main__":
+        return "entry"  # tracediff/__init__.py (lazy names) and python -m tracediff
+    head = parts[1]
+    if head in BASE_MODULES or head.startswith("_"):
+        return "base"
+    if head in ALLOWED:
+        return head
+    raise AssertionError(f"{module}: not in any layer; add {head!r} to ALLOWED in {__file__}")
+
+
+def is_module(name: str) -> bool:
+    path = PACKAGE_ROOT.parent / Path(*name.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+def imports_of(path: Path) -> set[str]:
+    """Every tracediff module that ``path`` imports, resolved (``from .. import format`` -> ``tracediff.format``)."""
+    module = module_name(path)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    return imports_in(path.read_text(encoding="utf-8"), package)
+
+
+def imports_in(source: str, package: str) -> set[str]:
+    """The tracediff modules imported by ``source``, a module of ``package``."""
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                source = ".".join(base + ([node.module] if node.module else []))
+            else:
+                source = node.module or ""
+            for alias in node.names:
+                sub = f"{source}.{alias.name}"
+                found.add(sub if is_module(sub) else source)
+    return {name for name in found if name == "tracediff" or name.startswith("tracediff.")}
+
+
+MODULES = sorted(PACKAGE_ROOT.rglob("*.py"))
+
+
+def test_every_module_is_in_a_layer() -> None:
+    for path in MODULES:
+        layer_of(module_name(path))
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda p: module_name(p))
+def test_imports_go_down_the_layers_only(path: Path) -> None:
+    module = module_name(path)
+    layer = layer_of(module)
+    wrong = sorted(f"{target} ({layer_of(target)})" for target in imports_of(path)
+                   if target != "tracediff" and layer_of(target) != layer
+                   and layer_of(target) not in ALLOWED[layer])
+    assert not wrong, f"{module} ({layer}) imports upwards: {', '.join(wrong)}"
+
+
+def test_the_core_never_imports_the_cli_or_a_renderer() -> None:
+    for path in MODULES:
+        module = module_name(path)
+        if layer_of(module) in CORE:
+            bad = {t for t in imports_of(path) if t != "tracediff" and layer_of(t) in {"cli", "render", "demo"}}
+            assert not bad, f"{module} imports {sorted(bad)}"
+
+
+def test_the_checker_sees_a_function_level_import() -> None:
+    """The old ``to_html`` imported the renderer inside the method; such imports count too."""
+    assert "tracediff.render.html" not in imports_of(PACKAGE_ROOT / "alignment" / "result.py")
+    old_to_html = "def to_html(self):\n    from ..render.html import render_html\n    return render_html(self)\n"
+    assert imports_in(old_to_html, "tracediff.alignment") == {"tracediff.render.html"}
+    assert imports_in("from .. import format as fmt\n", "tracediff.trace") == {"tracediff.format"}
+    assert layer_of("tracediff.render.html") not in ALLOWED["alignment"]
+
+
+def test_every_module_imports_under_its_own_name() -> None:
+    """``import tracediff.<anything>`` works: no module is shadowed by a public function."""
+    import importlib
+
+    optional = {"tracediff.steps.lightning", "tracediff.render.plot"}  # need extras at import time
+    for path in MODULES:
+        module = module_name(path)
+        if module in optional or module.endswith("__main__"):
+            continue
+        assert importlib.import_module(module).__name__ == module

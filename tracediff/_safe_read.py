@@ -1,0 +1,159 @@
+"""Bounded, confined, regular-file-only reads of the files in a trace or run folder.
+
+Every file tracediff reads from a trace folder or a training record goes
+through here: the trace JSON, ``tracediff_metadata.json``, the capture
+journal, ``run.json``, step records, rename maps, and (through
+:func:`check_regular_file`) safetensors payloads. The promises:
+
+* **confined**: with ``root`` given, the file, after following symbolic links,
+  must lie inside ``root`` (itself resolved); a link leading out is refused;
+* **regular files only**: the file is opened with ``O_NONBLOCK`` and its type
+  checked on the open descriptor, so a FIFO never blocks, and a directory,
+  device (``/dev/zero``) or socket is refused before a byte is read;
+* **bounded**: at most ``limit`` bytes are read; a larger file is refused
+  with its size and the limit in the message (the bounds are below, and in
+  ``docs/safety.md``);
+* **parsed defensively**: JSON nested deeper than Python's recursion limit,
+  integers of more than 4,300 digits, invalid UTF-8 and lone surrogates in
+  keys become one-line errors of the caller's error class, never tracebacks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+from .errors import TracediffError, TraceFormatError, UnsafePathError
+
+MiB = 1 << 20
+GiB = 1 << 30
+#: A trace's FULL_TENSORS or SUMMARY JSON file.
+TRACE_JSON_LIMIT = 4 * GiB
+#: ``tracediff_metadata.json``, ``run.json``, rename maps.
+SMALL_JSON_LIMIT = 64 * MiB
+#: One step record (``step=K/rankR.json``) of a training run.
+STEP_RECORD_LIMIT = 1 * GiB
+#: The capture journal of a trace whose process died.
+JOURNAL_LIMIT = 4 * GiB
+
+_O_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISDIR(mode):
+        return "a directory"
+    if stat.S_ISFIFO(mode):
+        return "a FIFO"
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        return "a device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "not a regular file"
+
+
+def confined(path: Path, root: Path | None) -> Path:
+    """``path`` with links followed, checked to lie inside ``root`` (``UnsafePathError`` if not)."""
+    try:
+        resolved = path.resolve(strict=False)
+    except (OSError, RuntimeError, ValueError) as e:  # symlink loop, NUL byte
+        raise UnsafePathError(f"{path}: cannot resolve the path ({e})") from None
+    if root is None:
+        return resolved
+    try:
+        real_root = root.resolve(strict=False)
+    except (OSError, RuntimeError, ValueError) as e:
+        raise UnsafePathError(f"{root}: cannot resolve the folder ({e})") from None
+    if resolved != real_root and real_root not in resolved.parents:
+        raise UnsafePathError(f"{path}: links outside {root}; refused")
+    return resolved
+
+
+def _open_regular(path: Path, error: type[TracediffError], what: str) -> tuple[int, int]:
+    """Open ``path`` without blocking and check it is a regular file; returns ``(fd, size)``."""
+    try:
+        fd = os.open(path, _O_FLAGS)
+    except FileNotFoundError:
+        raise error(f"{path}: {what} not found") from None
+    except (OSError, ValueError) as e:
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        raise error(f"{path}: cannot open the {what} ({reason})") from None
+    try:
+        info = os.fstat(fd)
+    except OSError as e:
+        os.close(fd)
+        raise error(f"{path}: cannot read the {what} ({e.strerror or e})") from None
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        raise error(f"{path}: the {what} is {_kind(info.st_mode)}, not a regular file; refused")
+    return fd, info.st_size
+
+
+def check_regular_file(path: Path, *, root: Path | None = None, error: type[TracediffError] = TraceFormatError,
+                       what: str = "file") -> Path:
+    """Check that ``path`` is a regular file inside ``root`` without reading it; return its resolved path.
+
+    Used before handing a payload to ``safe_open``, which memory-maps the file:
+    a FIFO would block it and a directory gives an obscure error.
+    """
+    resolved = confined(path, root)
+    fd, _ = _open_regular(resolved, error, what)
+    os.close(fd)
+    return resolved
+
+
+def read_bounded(path: Path, *, limit: int, root: Path | None = None,
+                 error: type[TracediffError] = TraceFormatError, what: str = "file") -> bytes:
+    """The bytes of the regular file ``path`` (inside ``root`` when given), at most ``limit`` of them.
+
+    Raises ``error`` (or ``UnsafePathError`` for a link out of ``root``) with
+    one line naming the file: missing, not a regular file, larger than
+    ``limit``, or unreadable.
+    """
+    resolved = confined(path, root)
+    fd, size = _open_regular(resolved, error, what)
+    try:
+        if size > limit:
+            raise error(f"{path}: the {what} is {size:,} bytes, over the limit of {limit:,}; refused")
+        chunks, total = [], 0
+        while total <= limit:
+            # the whole file in one read when its size is known (no copies to join); small steps otherwise
+            chunk = os.read(fd, min(limit + 1 - total, size - total + 1 if size > total else MiB))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+    except OSError as e:
+        raise error(f"{path}: cannot read the {what} ({e.strerror or e})") from None
+    finally:
+        os.close(fd)
+    if total > limit:  # the file grew while we read it
+        raise error(f"{path}: the {what} is over the limit of {limit:,} bytes; refused")
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def parse_json(data: bytes | str, *, path: Path, error: type[TracediffError] = TraceFormatError,
+               what: str = "file") -> Any:
+    """Parse JSON text read from ``path``; every failure is one line of ``error``."""
+    try:
+        return json.loads(data)
+    except json.JSONDecodeError as e:
+        raise error(f"{path}: invalid JSON in the {what} at line {e.lineno} column {e.colno} ({e.msg}); "
+                    "the file may be truncated") from None
+    except UnicodeDecodeError:
+        raise error(f"{path}: the {what} is not UTF-8 text, so not JSON") from None
+    except RecursionError:
+        raise error(f"{path}: the {what} nests JSON too deeply to be read; refused") from None
+    except ValueError as e:  # e.g. an integer of more than 4,300 digits
+        raise error(f"{path}: the {what} holds a value that cannot be read ({str(e).splitlines()[0]})") from None
+    except MemoryError:
+        raise error(f"{path}: not enough memory to read the {what}") from None
+
+
+def read_json_file(path: Path, *, limit: int = SMALL_JSON_LIMIT, root: Path | None = None,
+                   error: type[TracediffError] = TraceFormatError, what: str = "file") -> Any:
+    """``read_bounded`` then ``parse_json``: a JSON file from a trace or run folder, defensively."""
+    return parse_json(read_bounded(path, limit=limit, root=root, error=error, what=what),
+                      path=path, error=error, what=what)

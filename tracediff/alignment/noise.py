@@ -1,0 +1,132 @@
+"""Judging errors against noise: the baseline's noise floor, and the cross-dtype rule without one.
+
+**With a baseline.** The baseline N is the reference run under B's
+conditions (B's dtype, device and kernels): ``tracediff capture ref.py:build
+--out ref-bf16 --dtype bfloat16``. For each compared pair (A, B) the same
+metrics between A and N measure what rounding alone does to that tensor:
+
+* ``noise_floor``: ``max_abs_err`` between A and N for the same node and slot;
+* ``noise_ratio``: ``max_abs_err(A, B) / noise_floor`` (``None`` when the
+  floor is zero or the baseline has no usable counterpart);
+* a row out of the ordinary tolerance is accepted when its error is at most
+  ``noise_factor x noise_floor`` (and no NaN or infinity differs); its status
+  becomes ``close`` and the reason says by how much.
+
+Rows of B with no counterpart in N, or whose floor is zero, keep the
+ordinary tolerance and their reason says so.
+
+**Without a baseline, across dtypes.** When the two sides of a pair have
+different floating dtypes (an fp32 reference against a bf16 port), rounding
+noise counts as error. Such a row that fails the elementwise rule is still
+accepted when its relative RMS error, ``rms_err / rms(a)`` with ``rms(a)``
+taken from A's recorded mean and std, is at most the pair's rtol (the less
+precise dtype's: 1.6e-2 for bfloat16, 1e-3 for float16). That rule passes
+most rows of clean bf16 ports, not all (errors grow with depth), and it
+passes small bugs too: the trustworthy verdict needs a baseline.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import replace
+
+from ..trace.load import Trace
+from ..trace.model import Node, TensorRecord
+from .result import TensorComparison
+
+DEFAULT_NOISE_FACTOR = 3.0
+"""Errors up to 3x the baseline's noise floor are noise (see docs/verdicts.md for the measurements)."""
+
+
+def baseline_records(trace_n: Trace) -> dict[tuple[tuple[str, str, int], str], TensorRecord]:
+    """N's records by (node key, slot): the baseline runs the reference's code, so paths match A's."""
+    return {(node.key, record.slot): record for node in trace_n.nodes() for record in node.tensors}
+
+
+def counterpart(records: dict[tuple[tuple[str, str, int], str], TensorRecord], node_a: Node,
+                ra: TensorRecord) -> TensorRecord | None:
+    return records.get((node_a.key, ra.slot))
+
+
+def floor_of(fields: dict[str, object] | None) -> float | None:
+    """The noise floor from the A-vs-N comparison fields, or None when they measured nothing usable."""
+    if fields is None:
+        return None
+    value = fields.get("max_abs_err")
+    if not isinstance(value, float) or math.isnan(value) or math.isinf(value):
+        return None
+    if fields.get("nan_mismatch") or fields.get("inf_mismatch"):
+        return None
+    return value
+
+
+def apply_floor(row: TensorComparison, floor: float | None, noise_factor: float) -> TensorComparison:
+    """Fill ``noise_floor``/``noise_ratio`` and accept a row within ``noise_factor`` x the floor."""
+    if floor is None:
+        note = "no baseline counterpart: ordinary tolerance applied"
+        return replace(row, reason=_join(row.reason, note))
+    error = row.max_abs_err
+    ratio = error / floor if floor > 0 and not math.isnan(error) else None
+    row = replace(row, noise_floor=floor, noise_ratio=ratio)
+    if floor == 0 and row.diverged:
+        return replace(row, reason=_join(row.reason, "the baseline equals A here (zero floor): "
+                                                     "ordinary tolerance applied"))
+    if row.diverged and ratio is not None and ratio <= noise_factor and not (row.nan_mismatch or row.inf_mismatch):
+        note = f"within {noise_factor:g}x the baseline's noise floor (noise ratio {ratio:.3g})"
+        return replace(row, within_tolerance=True, status="close", reason=note)
+    if row.diverged and ratio is not None:
+        return replace(row, reason=_join(row.reason, f"{ratio:.3g}x the baseline's noise floor {floor:.3g}"))
+    return row
+
+
+def rms_of(record: TensorRecord) -> float | None:
+    """``sqrt(std^2 + mean^2)`` from a record's statistics: the root mean square of its values."""
+    mean, std = record.stats.get("mean"), record.stats.get("std")
+    if not isinstance(mean, (int, float)) or not isinstance(std, (int, float)):
+        return None
+    value = math.sqrt(float(std) ** 2 + float(mean) ** 2)
+    return value if math.isfinite(value) else None
+
+
+def accept_by_relative_norm(row: TensorComparison, ra: TensorRecord) -> TensorComparison:
+    """The cross-dtype rule without a baseline: ``rms_err <= rtol * rms(a)`` accepts a diverged row."""
+    if not row.diverged or row.dtype_a == row.dtype_b or row.nan_mismatch or row.inf_mismatch:
+        return row
+    if not _is_float(row.dtype_a) or not _is_float(row.dtype_b) or math.isnan(row.rms_err):
+        return row
+    rms = rms_of(ra)
+    if rms is None or rms == 0 or row.rms_err > row.rtol * rms:
+        return row
+    note = (f"accepted across dtypes: relative RMS error {row.rms_err / rms:.3g} <= rtol {row.rtol:.3g} "
+            f"({row.mismatch_fraction:.1%} of elements beyond the elementwise tolerance)")
+    return replace(row, within_tolerance=True, status="close", reason=note)
+
+
+def _is_float(dtype: str | None) -> bool:
+    name = (dtype or "").removeprefix("torch.")
+    return name.startswith(("float", "bfloat"))
+
+
+def main_float_dtype(records: Iterable[str | None]) -> str | None:
+    """The most frequent floating dtype among the dtypes of a trace's compared records."""
+    counts = Counter(d for d in records if _is_float(d))
+    return counts.most_common(1)[0][0] if counts else None
+
+
+def dtype_warning(rows: list[TensorComparison]) -> str | None:
+    """The warning for a cross-dtype comparison without a baseline, or None when the dtypes agree."""
+    dtype_a = main_float_dtype(r.dtype_a for r in rows)
+    dtype_b = main_float_dtype(r.dtype_b for r in rows)
+    if dtype_a is None or dtype_b is None or dtype_a == dtype_b:
+        return None
+    short_b = dtype_b.removeprefix("torch.")
+    return (f"A is {dtype_a.removeprefix('torch.')} and B is {short_b}: rounding noise is counted as error, "
+            "so precision noise and a real bug can look alike. For a verdict against noise, capture the "
+            f"reference in B's dtype and pass it as the baseline: tracediff capture SPEC --out ref-{short_b} "
+            f"--dtype {short_b}; tracediff align A B --baseline ref-{short_b}")
+
+
+def _join(reason: str, note: str) -> str:
+    return f"{reason}; {note}" if reason else note

@@ -1,0 +1,146 @@
+"""From two traces to the tensor pairs ``tracediff.align`` compares, and how each was found.
+
+Calls are matched (:mod:`tracediff.alignment.matching`), tensors within
+matched calls are paired (:mod:`tracediff.alignment.slots`), then layouts
+relate what is left (:mod:`tracediff.alignment.layout`): fused calls among
+the unpaired children of matched calls, and tensors of a matched call whose
+shapes differ. Each pair remembers how it was found (``matched_by``: name,
+map, structure or layout) and the transform relating it, if any.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from ..trace.load import Trace
+from ..trace.model import Node, TensorRecord
+from .layout import Transform, compare_transformed, find_fused, find_relayout
+from .matching import Matching, RenameRules, match_nodes
+from .result import TensorComparison, Unmatched
+from .slots import SlotRules, pair_tensors, squeezed
+from .suggest import suggest_rules
+from .unrecorded import all_unrecorded
+
+Job = tuple[Node, TensorRecord, Node, TensorRecord]
+
+# below this share of B's calls paired by name or map, the report warns (it never switches to structure)
+LOW_COVERAGE = 0.5
+
+
+@dataclass
+class Plan:
+    """Everything pairing found, ready for the engine to compare."""
+
+    matching: Matching
+    jobs: list[Job] = field(default_factory=list)
+    unmatched_a: list[Unmatched] = field(default_factory=list)
+    unmatched_b: list[Unmatched] = field(default_factory=list)
+    how: dict[tuple[int, int], tuple[str, Transform | None]] = field(default_factory=dict)
+    layout_nodes: list[tuple[Node, Node]] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    suggested: RenameRules = field(default_factory=list)
+    layout_rules: list[list[str]] = field(default_factory=list)
+
+    @property
+    def unrecorded_a(self) -> tuple[str, ...]:
+        return all_unrecorded(self.matching.gaps_a)
+
+    @property
+    def unrecorded_b(self) -> tuple[str, ...]:
+        return all_unrecorded(self.matching.gaps_b)
+
+    @property
+    def matched_nodes(self) -> int:
+        return len(self.matching.pairs) + len({(id(a), id(b)) for a, b in self.layout_nodes})
+
+    def compare(self, trace_a: Trace, ra: TensorRecord, trace_b: Trace, rb: TensorRecord, *, atol: float,
+                rtol: float) -> dict[str, Any] | None:
+        """The row's fields when a transform relates the pair; None to compare it the usual way."""
+        transform = self.how.get((id(ra), id(rb)), ("", None))[1]
+        if transform is None:
+            return None
+        return compare_transformed(trace_a, ra, trace_b, rb, transform, atol=atol, rtol=rtol)
+
+    def annotate(self, rows: list[TensorComparison], jobs: list[Job]) -> list[TensorComparison]:
+        """Set ``matched_by`` and ``transform`` of rows built from ``jobs`` (same order)."""
+        out = []
+        for row, (_, ra, _, rb) in zip(rows, jobs):
+            method, transform = self.how.get((id(ra), id(rb)), (None, None))
+            if method is None:
+                out.append(row)
+                continue
+            text = transform.describe(len(ra.shape or ())) if transform is not None else None
+            out.append(replace(row, matched_by=method, transform=text))
+        return out
+
+
+def plan_pairs(trace_a: Trace, trace_b: Trace, rules: RenameRules, *, match: str = "auto",
+               slots: SlotRules | None = None) -> Plan:
+    """Match calls, pair their tensors and relate layouts (see the module docstring)."""
+    matching = match_nodes(trace_a, trace_b, rules, match)
+    plan = Plan(matching=matching)
+    for (node_a, node_b), method in zip(matching.pairs, matching.methods):
+        pairs, only_a, only_b = pair_tensors(node_a, node_b, slots)
+        for ra, rb in pairs:
+            transform = _relayout(trace_a, ra, trace_b, rb)
+            plan.how[(id(ra), id(rb))] = ("layout" if transform is not None else method, transform)
+            plan.jobs.append((node_a, ra, node_b, rb))
+        plan.unmatched_a += [Unmatched(node_a.module_path, node_a.call_index, t.slot) for t in only_a]
+        plan.unmatched_b += [Unmatched(node_b.module_path, node_b.call_index, t.slot) for t in only_b]
+    unpaired_a = {id(n) for n in matching.unmatched_a}
+    unpaired_b = {id(n) for n in matching.unmatched_b}
+    if match != "name":
+        for found in find_fused(trace_a, trace_b, list(matching.pairs), unpaired_a, unpaired_b):
+            plan.how[(id(found.record_a), id(found.record_b))] = ("layout", found.transform)
+            plan.jobs.append((found.node_a, found.record_a, found.node_b, found.record_b))
+            plan.layout_nodes.append((found.node_a, found.node_b))
+    # calls holding no tensor (only caches, flags) are not counted as unmatched
+    left_a = [n for n in matching.unmatched_a if id(n) in unpaired_a and n.tensors]
+    left_b = [n for n in matching.unmatched_b if id(n) in unpaired_b and n.tensors]
+    plan.unmatched_a = [Unmatched(n.module_path, n.call_index) for n in left_a] + plan.unmatched_a
+    plan.unmatched_b = [Unmatched(n.module_path, n.call_index) for n in left_b] + plan.unmatched_b
+    plan.warnings = _coverage_warnings(matching, trace_b, match)
+    if any(m == "structure" for m in matching.methods) or plan.layout_nodes:
+        plan.suggested = suggest_rules(matching.pairs)
+        plan.layout_rules = _layout_rules(plan.layout_nodes)
+    return plan
+
+
+def _relayout(trace_a: Trace, ra: TensorRecord, trace_b: Trace, rb: TensorRecord) -> Transform | None:
+    """A layout transform for a pair whose shapes differ beyond dimensions of size 1 (those compare as they are)."""
+    if ra.shape is None or rb.shape is None or squeezed(ra.shape) == squeezed(rb.shape):
+        return None
+    return find_relayout(trace_a, ra, trace_b, rb)
+
+
+def _coverage_warnings(matching: Matching, trace_b: Trace, match: str) -> list[str]:
+    forward_b = [n for n in trace_b.nodes() if n.phase == "forward"]
+    by_names = sum(1 for (_, y), m in zip(matching.pairs, matching.methods)
+                   if m in ("name", "map") and y.phase == "forward")
+    by_structure = matching.count("structure")
+    if match == "structure":
+        return [f"matched {len(matching.pairs)} module calls by structure (--match structure); "
+                "check the suggested rename map"]
+    if matching.structural or not forward_b or by_names >= LOW_COVERAGE * len(forward_b):
+        return []
+    more = f"; {by_structure} more paired by structure" if by_structure else ""
+    return [f"only {by_names} of {len(forward_b)} module calls of B matched by name or rename map{more}. "
+            "Check the pairs (matched_by column) and the suggested rename map (--suggest-map FILE)"]
+
+
+def _layout_rules(pairs: list[tuple[Node, Node]]) -> list[list[str]]:
+    """The fused pairings found, with layer numbers generalized: ``[a_path_regex, b_path]`` per distinct one."""
+    import re
+
+    out: list[list[str]] = []
+    for node_a, node_b in pairs:
+        if node_a.relative_path == node_b.relative_path:
+            continue
+        pattern = "^" + re.sub(r"\\\.(\d+)(?=\\\.|$)", r"\\.(\\d+)", re.escape(node_a.relative_path)) + "$"
+        counter = iter(range(1, 100))
+        replacement = re.sub(r"(?<=\.)\d+(?=\.|$)", lambda _m: f"\\{next(counter)}", node_b.relative_path)
+        rule = [pattern, replacement]
+        if rule not in out:
+            out.append(rule)
+    return out

@@ -1,0 +1,140 @@
+"""Bitwise-equal payload pairs, found without decoding them.
+
+Two payloads that hold one tensor each, with the same dtype, the same shape
+and the same bytes, are identical: no metric needs the values. ``same_bytes``
+checks that straight from the files: it reads the two safetensors headers,
+then compares the data in chunks of ``CHUNK_BYTES`` read into two reused
+buffers, and stops at the first chunk that differs (for a pair that differs
+anywhere, usually the first). Memory stays at two chunks per thread whatever
+the tensor size; nothing is converted, so a bf16 pair costs its bytes only.
+
+Anything unusual (not a regular file, a header it cannot read, several
+tensors, offsets outside the file) answers False, and the caller decodes the
+pair the usual way, which reports the problem properly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import threading
+from dataclasses import dataclass
+
+from ..errors import TracediffError
+from ..trace.load import Trace
+from ..trace.model import TensorRecord
+from .metrics import PairMetrics, identical_metrics
+
+CHUNK_BYTES = 1 << 22
+_HEADER_LIMIT = 100 << 20  # safetensors' own limit on a header
+_O_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
+_local = threading.local()
+
+
+@dataclass(frozen=True)
+class _Layout:
+    dtype: str
+    shape: tuple[int, ...]
+    start: int  # file offset of the first data byte
+    nbytes: int
+
+
+def same_bytes(path_a: str | os.PathLike[str], path_b: str | os.PathLike[str]) -> int | None:
+    """The element count when both single-tensor payloads have equal dtype, shape and bytes; else None."""
+    try:
+        fd_a = os.open(path_a, _O_FLAGS)
+    except OSError:
+        return None
+    try:
+        fd_b = os.open(path_b, _O_FLAGS)
+    except OSError:
+        os.close(fd_a)
+        return None
+    try:
+        a, b = _layout(fd_a), _layout(fd_b)
+        if a is None or b is None or (a.dtype, a.shape, a.nbytes) != (b.dtype, b.shape, b.nbytes):
+            return None
+        if not _equal_ranges(fd_a, a.start, fd_b, b.start, a.nbytes):
+            return None
+        numel = 1
+        for size in a.shape:
+            numel *= size
+        return numel
+    except (OSError, ValueError):
+        return None
+    finally:
+        os.close(fd_a)
+        os.close(fd_b)
+
+
+def _layout(fd: int) -> _Layout | None:
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_size < 8:
+        return None
+    length = int.from_bytes(os.pread(fd, 8, 0), "little")
+    if length > min(_HEADER_LIMIT, info.st_size - 8):
+        return None
+    header = os.pread(fd, length, 8)
+    parsed = json.loads(header)
+    if not isinstance(parsed, dict):
+        return None
+    tensors = [v for k, v in parsed.items() if k != "__metadata__"]
+    if len(tensors) != 1 or not isinstance(tensors[0], dict):
+        return None
+    entry = tensors[0]
+    dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+    if not isinstance(dtype, str) or not isinstance(shape, list) or not isinstance(offsets, list):
+        return None
+    if not all(type(x) is int and x >= 0 for x in [*shape, *offsets]) or len(offsets) != 2:
+        return None
+    begin, end = offsets
+    start = 8 + length + begin
+    if end < begin or start + (end - begin) > info.st_size:
+        return None
+    return _Layout(dtype, tuple(shape), start, end - begin)
+
+
+def _buffers() -> tuple[bytearray, bytearray]:
+    pair = getattr(_local, "pair", None)
+    if pair is None:
+        pair = _local.pair = (bytearray(CHUNK_BYTES), bytearray(CHUNK_BYTES))
+    return pair
+
+
+def _equal_ranges(fd_a: int, start_a: int, fd_b: int, start_b: int, nbytes: int) -> bool:
+    buf_a, buf_b = _buffers()
+    view_a, view_b = memoryview(buf_a), memoryview(buf_b)
+    done = 0
+    while done < nbytes:
+        size = min(CHUNK_BYTES, nbytes - done)
+        got_a = _read_exactly(fd_a, view_a[:size], start_a + done)
+        got_b = _read_exactly(fd_b, view_b[:size], start_b + done)
+        if not got_a or not got_b:
+            return False
+        if size < CHUNK_BYTES:  # make the unused tails equal: whole-buffer equality is one memcmp
+            view_b[size:] = view_a[size:]
+        if buf_a != buf_b:
+            return False
+        done += size
+    return True
+
+
+def _read_exactly(fd: int, view: memoryview, offset: int) -> bool:
+    filled = 0
+    while filled < len(view):
+        got = os.preadv(fd, [view[filled:]], offset + filled)
+        if got <= 0:
+            return False
+        filled += got
+    return True
+
+
+def identical_pair(trace_a: Trace, ra: TensorRecord, trace_b: Trace, rb: TensorRecord) -> PairMetrics | None:
+    """The metrics of an identical pair when both payloads are bitwise equal (``same_bytes``); else None."""
+    try:
+        path_a, path_b = trace_a.payload_path(ra), trace_b.payload_path(rb)
+    except TracediffError:
+        return None  # decoding reports it
+    numel = same_bytes(path_a, path_b)
+    return None if numel is None else identical_metrics(numel)

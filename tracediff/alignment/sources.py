@@ -1,0 +1,141 @@
+"""Where error is introduced rather than inherited: growth, origin and the list of sources.
+
+Each row gets an **excess**: how far its error is beyond what noise explains,
+
+* ``noise_ratio`` (error over the baseline's noise floor) when a baseline
+  gave the row a non-zero floor;
+* otherwise the error relative to the tensor's magnitude, in units of
+  the row's rtol: ``max_abs_err / (rtol * max|a|)``, with ``max|a|`` from
+  A's recorded min and max (``max_abs_err / atol`` when either is zero or
+  unknown). Relative, because a norm rescales its input and its absolute
+  error with it.
+
+What **flowed into** a row is the largest excess recorded earlier inside the
+enclosing call: for an output, the call's own inputs and everything recorded
+inside the call (its submodules); for an input, everything recorded earlier
+in the caller's call (the caller's inputs, earlier sibling calls and what
+ran inside them). ``growth = excess / max(incoming, 1)``: an excess of at most
+1 is noise, so the incoming error never counts for less than 1.
+
+A row is a **source** when it is out of tolerance and either nothing beyond
+noise flowed into it or its growth exceeds ``noise_factor``. Sources are
+listed in execution order; a row out of tolerance that is no source is
+``inherited``. A source's ``origin`` is ``introduced`` for an output (the
+module's own code), ``between modules`` for an input (the caller's own code
+between its submodule calls; the reason names the caller as recorded, never
+a ``ModuleList`` or another container that has no code of its own) and
+``model inputs`` for the root's inputs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from ..trace.model import Node, TensorRecord
+from .result import TensorComparison
+
+
+@dataclass(frozen=True)
+class RowContext:
+    """What the growth of a row needs beyond the row: its node in B, and A's largest magnitude."""
+
+    node_b: Node
+    scale_a: float | None
+
+
+def scale_of(record: TensorRecord) -> float | None:
+    """``max(|min|, |max|)`` from a record's statistics, or None when they were not recorded."""
+    values = [record.stats.get(k) for k in ("min", "max")]
+    finite = [abs(float(v)) for v in values if isinstance(v, (int, float)) and math.isfinite(float(v))]
+    return max(finite) if finite else None
+
+
+def excess(row: TensorComparison, scale_a: float | None) -> float | None:
+    """How far a row's error is beyond noise (see the module docstring); None when nothing was measured."""
+    if row.status == "shape_mismatch":
+        return math.inf
+    if row.status in ("unreadable", "no_data") or math.isnan(row.max_abs_err):
+        return None
+    if row.nan_mismatch or row.inf_mismatch:
+        return math.inf
+    if row.noise_ratio is not None:
+        return row.noise_ratio
+    error = row.max_abs_err
+    # relative to the tensor's magnitude: a norm rescales its input, and must not look like a source for it
+    allowed = row.rtol * scale_a if row.rtol > 0 and scale_a else row.atol
+    if allowed > 0:
+        return error / allowed
+    return math.inf if error > 0 else 0.0
+
+
+def _role(slot: str) -> tuple[str, str]:
+    """(pass, side) of a slot: what flows into a call and what comes out, forward or backward."""
+    head = slot.split(".", 1)[0]
+    return {"inputs": ("forward", "in"), "outputs": ("forward", "out"),
+            "grad_outputs": ("backward", "in"), "grad_inputs": ("backward", "out")}.get(head, ("forward", "out"))
+
+
+def find_sources(rows: Sequence[TensorComparison], contexts: Sequence[RowContext], *,
+                 noise_factor: float, never_source: Sequence[bool] | None = None
+                 ) -> tuple[list[TensorComparison], list[bool]]:
+    """Fill ``growth`` and ``origin`` of every row; returns the rows and which of them are sources.
+
+    ``rows`` are in B's execution order; ``never_source`` marks rows (ignored
+    ones) that count as flowing into later rows but are never sources.
+    """
+    running: dict[tuple[str, int], float] = {}  # (phase, id of a call) -> largest excess recorded inside it so far
+    out: list[TensorComparison] = []
+    flags: list[bool] = []
+    for index, (row, context) in enumerate(zip(rows, contexts)):
+        phase, side = _role(row.tensor)
+        node = context.node_b
+        enclosing = node if side == "out" else node.parent
+        incoming = running.get((phase, id(enclosing)), 0.0) if enclosing is not None else 0.0
+        value = excess(row, context.scale_a)
+        growth = None if value is None else (value / max(incoming, 1.0) if not math.isinf(value) or
+                                             not math.isinf(incoming) else 1.0)
+        is_source = bool(row.diverged and not (never_source and never_source[index])
+                         and (incoming <= 1.0 or (growth is not None and growth > noise_factor)))
+        origin, reason = None, row.reason
+        if row.diverged:
+            origin = _origin(side, phase, node) if is_source else "inherited"
+            if is_source and origin == "between modules" and node.parent is not None:
+                reason = _join(reason, _between_note(node))
+        out.append(replace(row, growth=growth, origin=origin, reason=reason))
+        flags.append(is_source)
+        if value is not None:
+            _raise_running(running, phase, node, value)
+    return out, flags
+
+
+def _origin(side: str, phase: str, node: Node) -> str:
+    if side == "out":
+        return "introduced"
+    if node.parent is None and phase == "forward":
+        return "model inputs"
+    return "between modules"
+
+
+def _between_note(node: Node) -> str:
+    """Names the code that ran between module calls: the caller as recorded (containers are never called)."""
+    caller = node.parent
+    assert caller is not None
+    earlier = [c for c in caller.children if c.enter_order < node.enter_order]
+    after = f" after {earlier[-1].module_path} returned" if earlier else ""
+    return (f"changed by the code of {caller.module_path} (call {caller.call_index}) between its submodule "
+            f"calls{after}, before {node.module_path} ran")
+
+
+def _raise_running(running: dict[tuple[str, int], float], phase: str, node: Node, value: float) -> None:
+    current: Node | None = node
+    while current is not None:
+        key = (phase, id(current))
+        if value > running.get(key, -1.0):
+            running[key] = value
+        current = current.parent
+
+
+def _join(reason: str, note: str) -> str:
+    return f"{reason}; {note}" if reason else note

@@ -1,0 +1,117 @@
+"""From measured rows to verdicts: noise floors, ignored rows, growth and sources.
+
+Called by :func:`tracediff.alignment.align` once every pair is measured:
+
+1. with a baseline, each row's noise floor and the noise-factor rule
+   (:mod:`tracediff.alignment.noise`); without one, the cross-dtype
+   relative-norm rule and a warning naming both dtypes;
+2. rows matching an ``ignore`` pattern are set aside (listed, never failing);
+3. growth, origin and the list of sources (:mod:`tracediff.alignment.sources`).
+
+Ignore patterns: ``PATH`` or ``PATH:SLOT``, shell-style globs. ``PATH`` is
+matched against the module path relative to the root (``layers.0.mlp``) or
+the full recorded path, on either side, and covers the module and
+everything inside it; ``SLOT`` against the tensor slot (``outputs.0``,
+``inputs.kwargs.position_ids``); an empty part matches everything
+(``:inputs.kwargs.position_ids``).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import UsageError
+from ..trace.load import Trace
+from ..trace.model import Node, TensorRecord
+from .compare import compare_records
+from .noise import accept_by_relative_norm, apply_floor, baseline_records, counterpart, dtype_warning, floor_of
+from .result import TensorComparison
+from .sources import RowContext, find_sources, scale_of
+
+Job = tuple[Node, TensorRecord, Node, TensorRecord]
+Runner = Callable[[Callable[[int], Any], Iterable[int]], list[Any]]
+
+
+@dataclass(frozen=True)
+class Verdicts:
+    rows: tuple[TensorComparison, ...]
+    sources: tuple[TensorComparison, ...]
+    ignored: tuple[TensorComparison, ...]
+    warnings: tuple[str, ...]
+
+
+def check_ignore(patterns: Iterable[str] | str | None) -> tuple[tuple[str, str], ...]:
+    """``["layers.0.*", ":outputs.1"]`` -> ``(("layers.0.*", "*"), ("*", "outputs.1"))``; rejects empty ones."""
+    if patterns is None:
+        return ()
+    if isinstance(patterns, str):
+        patterns = [patterns]
+    out = []
+    for pattern in patterns:
+        if not isinstance(pattern, str) or not pattern.strip(":"):
+            raise UsageError(f"ignore pattern {pattern!r}: expected PATH, PATH:SLOT or :SLOT (shell-style globs)")
+        path, _, slot = pattern.partition(":")
+        out.append((path or "*", slot or "*"))
+    return tuple(out)
+
+
+def _ignored_by(rules: tuple[tuple[str, str], ...], job: Job) -> str | None:
+    node_a, ra, node_b, rb = job
+    paths = (node_a.relative_path, node_b.relative_path, node_a.module_path, node_b.module_path)
+    for path, slot in rules:
+        on_path = any(fnmatch.fnmatchcase(p, path) or fnmatch.fnmatchcase(p, f"{path}.*") for p in paths)
+        if on_path and (fnmatch.fnmatchcase(rb.slot, slot) or fnmatch.fnmatchcase(ra.slot, slot)):
+            return f"{path}:{slot}" if slot != "*" else path
+    return None
+
+
+def judge(rows: Sequence[TensorComparison], jobs: Sequence[Job], trace_a: Trace, *, baseline: Trace | None,
+          noise_factor: float, ignore: tuple[tuple[str, str], ...], run: Runner) -> Verdicts:
+    """Apply the noise rules, set ignored rows aside and find the sources (``rows[i]`` is ``jobs[i]``'s row)."""
+    warnings: list[str] = []
+    if baseline is not None:
+        records = baseline_records(baseline)
+
+        def floor_fields(index: int) -> dict[str, Any] | None:
+            node_a, ra, _, _ = jobs[index]
+            rn = counterpart(records, node_a, ra)
+            if rn is None:
+                return None
+            return compare_records(trace_a, ra, baseline, rn, atol=rows[index].atol, rtol=rows[index].rtol)
+
+        floors = [floor_of(fields) for fields in run(floor_fields, range(len(rows)))]
+        judged = [apply_floor(row, floor, noise_factor) for row, floor in zip(rows, floors)]
+        missing = sum(floor is None for floor in floors)
+        if missing:
+            warnings.append(f"{missing} of {len(rows)} compared tensors have no counterpart in the baseline "
+                            "(or it could not be measured): they were judged by the ordinary tolerance")
+    else:
+        judged = [accept_by_relative_norm(row, job[1]) for row, job in zip(rows, jobs)]
+        warning = dtype_warning(judged)
+        if warning:
+            warnings.append(warning)
+
+    matched = [_ignored_by(ignore, job) for job in jobs] if ignore else [None] * len(jobs)
+    used = {m for m in matched if m}
+    for path, slot in ignore:
+        label = f"{path}:{slot}" if slot != "*" else path
+        if label not in used:
+            warnings.append(f"--ignore pattern {label!r} matches no compared tensor")
+
+    contexts = [RowContext(node_b=job[2], scale_a=scale_of(job[1])) for job in jobs]
+    judged, flags = find_sources(judged, contexts, noise_factor=noise_factor,
+                                 never_source=[m is not None for m in matched])
+    kept = [row for row, m in zip(judged, matched) if m is None]
+    ignored = [_mark_ignored(row, m) for row, m in zip(judged, matched) if m is not None]
+    sources = [row for row, flag, m in zip(judged, flags, matched) if flag and m is None]
+    return Verdicts(rows=tuple(kept), sources=tuple(sources), ignored=tuple(ignored), warnings=tuple(warnings))
+
+
+def _mark_ignored(row: TensorComparison, pattern: str) -> TensorComparison:
+    from dataclasses import replace
+
+    note = f"ignored (--ignore {pattern})"
+    return replace(row, reason=f"{row.reason}; {note}" if row.reason else note)

@@ -1,0 +1,383 @@
+"""The trace format: every file name, key and entry shape of a trace, in one place.
+
+``docs/trace-format.md`` specifies the format; ``tracediff/trace_schema.json``
+is its JSON Schema. Every writer (``tracediff.capture``, the drop-in for
+transformers' debugger, backward capture) builds its nodes and tensor entries
+with the functions below, and every reader takes its names from here, so a
+name of the format is defined once.
+
+A trace folder holds::
+
+    {Model}_debug_tree_FULL_TENSORS.json   the call tree, tensor entries with "value"
+    {Model}_debug_tree_SUMMARY.json        the same tree, tensor entries without "value"
+    {stem}.safetensors                     one payload per tensor, the tensor under key "data"
+    tracediff_metadata.json                tracediff's traces only: versions, options, "complete"
+
+This module imports nothing heavy (no torch): tools that only read or write
+JSON can use it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from importlib import resources
+from typing import Any
+
+from .errors import TraceFormatError
+
+# --- version ------------------------------------------------------------------------------------------------
+
+#: ``"MAJOR.MINOR"``. A reader refuses a newer MAJOR and ignores what it does not know within a MAJOR.
+#: Traces of tracediff 0.1 carry the integer ``1``, read as ``"1.0"``.
+FORMAT_VERSION = "1.1"
+
+# --- files --------------------------------------------------------------------------------------------------
+
+TREE_SUFFIX = "_debug_tree"
+FULL_SUFFIX = f"{TREE_SUFFIX}_FULL_TENSORS.json"
+SUMMARY_SUFFIX = f"{TREE_SUFFIX}_SUMMARY.json"
+METADATA_FILE = "tracediff_metadata.json"
+#: Written while a capture runs, removed once the trace JSON is written: one JSON line per call started
+#: (``{"enter": id, "parent": id|null, "module_path", "call_index", "module_type"}``) and per call finished
+#: (``{"exit": id, "node": {the node without "children"}}``). A folder whose capture process died (SIGKILL,
+#: out of memory) holds it instead of the trace JSON; readers rebuild the tree from it, marked incomplete.
+JOURNAL_FILE = "tracediff_journal.jsonl"
+JOURNAL_ENTER = "enter"
+JOURNAL_EXIT = "exit"
+JOURNAL_PARENT = "parent"
+JOURNAL_NODE = "node"
+#: Held (created exclusively) while a capture writes into the folder: ``"{pid} {host}"``.
+LOCK_FILE = ".tracediff.lock"
+#: The ``error`` type of a call that had not returned when the capture process died (journal traces only).
+UNFINISHED_CALL = "CaptureProcessDied"
+PAYLOAD_SUFFIX = ".safetensors"
+#: The one key of every payload file.
+PAYLOAD_KEY = "data"
+#: Payload references in ``value`` are relative to the trace folder and start with this.
+PAYLOAD_REFERENCE_PREFIX = "./"
+#: ``ranks="all"`` writes one trace per rank into ``{out}/rank{r}``.
+RANK_FOLDER_PREFIX = "rank"
+TRACE_FILE_SUFFIXES = (PAYLOAD_SUFFIX, FULL_SUFFIX, SUMMARY_SUFFIX)
+SCHEMA_FILE = "trace_schema.json"
+
+# --- node keys ----------------------------------------------------------------------------------------------
+
+MODULE_PATH = "module_path"
+MODULE_TYPE = "module_type"
+CALL_INDEX = "call_index"
+INPUTS = "inputs"
+OUTPUTS = "outputs"
+CHILDREN = "children"
+ERROR = "error"
+ARGS = "args"
+KWARGS = "kwargs"
+#: On the root node: later top-level calls of the model (tracediff only).
+SUBSEQUENT_CALLS = "subsequent_calls"
+#: On the root node: backward nodes in the order their gradients arrived (tracediff only).
+BACKWARD = "backward"
+GRAD_OUTPUTS = "grad_outputs"
+GRAD_INPUTS = "grad_inputs"
+BACKWARD_ORDER = "backward_order"
+#: ``error`` objects: the exception's type name and the first line of its message.
+ERROR_TYPE = "type"
+ERROR_MESSAGE = "message"
+#: Op nodes (op-level capture), children of a module call: the qualified torch function name and its
+#: position among the recorded ops of that call. They share the call's ``module_path`` and ``call_index``.
+OP = "op"
+OP_INDEX = "op_index"
+
+# --- tensor entries -----------------------------------------------------------------------------------------
+
+SHAPE = "shape"
+DTYPE = "dtype"
+#: A payload reference (``"./name.safetensors"``) or the tensor's repr lines; absent in SUMMARY files.
+VALUE = "value"
+STATS = "stats"
+DEVICE = "device"
+DTENSOR = "dtensor"
+DTENSOR_GLOBAL_SHAPE = "global_shape"
+DTENSOR_PLACEMENTS = "placements"
+DTENSOR_RECORDED = "recorded"
+#: Statistics as ``repr()`` strings (``"tensor(0.0123)"``), as transformers' debugger writes them.
+STRING_STAT_KEYS = ("mean", "std", "min", "max")
+#: Statistics as JSON numbers under ``stats`` (tracediff only).
+STAT_KEYS = ("numel", "mean", "std", "min", "max", "abs_mean", "nan", "posinf", "neginf", "zeros")
+#: The ``stats`` keys that are exact counts.
+COUNT_STAT_KEYS = ("numel", "nan", "posinf", "neginf", "zeros")
+#: The ``stats`` keys whose values are moments or extremes of the elements (compared with a tolerance).
+MOMENT_STAT_KEYS = ("mean", "std", "min", "max", "abs_mean")
+
+# --- typed non-tensor values (tracediff only) ---------------------------------------------------------------
+
+PY_TYPE = "py_type"
+PY_VALUE = "py_value"
+REPR = "repr"
+#: Step records of tracediff 0.1 stored typed values under this key; read, never written.
+LEGACY_PY_VALUE = "value"
+
+# --- metadata -----------------------------------------------------------------------------------------------
+
+FORMAT_VERSION_KEY = "format_version"
+PRODUCER_KEY = "tracediff_version"
+COMPLETE_KEY = "complete"
+#: Every key of ``tracediff_metadata.json``, in the order written. Adding one is a MINOR version change.
+METADATA_KEYS = (
+    FORMAT_VERSION_KEY, PRODUCER_KEY, "torch_version", "python_version", "transformers_version", "model_class",
+    "model_name", "devices", "dtypes", "world_size", "rank", "created", "options", COMPLETE_KEY, ERROR,
+    "capture_failure", "calls", "payload_files", "payload_bytes", "verification",
+)
+
+_UNSAFE_FILE_CHARS = re.compile(r"[^\w.@+=-]")
+_PLAIN_SCALARS = (type(None), bool, int, float, str)
+_ABSENT: Any = object()
+
+
+# --- file names ---------------------------------------------------------------------------------------------
+
+
+def trace_file_names(model_name: str) -> tuple[str, str]:
+    """The FULL_TENSORS and SUMMARY file names of a trace of ``model_name`` (the root module's class name)."""
+    return f"{model_name}{FULL_SUFFIX}", f"{model_name}{SUMMARY_SUFFIX}"
+
+
+def is_trace_file(name: str) -> bool:
+    """True for the names of the files a trace consists of (tree JSONs, payloads, metadata)."""
+    return name == METADATA_FILE or name.endswith(TRACE_FILE_SUFFIXES)
+
+
+def call_prefix(module_path: str, call_index: int) -> str:
+    """Payload-name prefix of one module call: ``path`` for the first call, ``path@k`` for the k-th after it."""
+    return module_path if call_index == 0 else f"{module_path}@{call_index}"
+
+
+def payload_name(parent: str, key: str | int) -> str:
+    """The name of a nested value: ``{parent}_{key}`` (``X_inputs_args_0``, ``X_outputs_last_hidden_state``)."""
+    return f"{parent}_{key}"
+
+
+def payload_stem(name: str) -> str:
+    """``name`` with characters unsafe in file names replaced by ``_`` (before a ``~k`` collision suffix)."""
+    return _UNSAFE_FILE_CHARS.sub("_", name)
+
+
+def payload_file_name(stem: str) -> str:
+    return f"{stem}{PAYLOAD_SUFFIX}"
+
+
+def payload_reference(file_name: str) -> str:
+    """The ``value`` of a tensor entry whose payload is ``file_name`` in the trace folder."""
+    return f"{PAYLOAD_REFERENCE_PREFIX}{file_name}"
+
+
+# --- entries ------------------------------------------------------------------------------------------------
+
+
+def node_entry(
+    module_path: str,
+    *,
+    module_type: str | None = None,
+    call_index: int | None = None,
+    inputs: Any = _ABSENT,
+    outputs: Any = _ABSENT,
+    children: Any = _ABSENT,
+) -> dict[str, Any]:
+    """A node of the call tree, keys in the order written; optional fields are left out when not given.
+
+    The standard trace has ``module_path``, ``inputs``, ``outputs`` and
+    ``children``; tracediff adds ``module_type`` and ``call_index``.
+    """
+    node: dict[str, Any] = {MODULE_PATH: module_path}
+    if module_type is not None:
+        node[MODULE_TYPE] = module_type
+    if call_index is not None:
+        node[CALL_INDEX] = call_index
+    for key, value in ((INPUTS, inputs), (OUTPUTS, outputs), (CHILDREN, children)):
+        if value is not _ABSENT:
+            node[key] = value
+    return node
+
+
+def backward_node_entry(
+    module_path: str, module_type: str, call_index: int, grad_outputs: Any, arrival: int
+) -> dict[str, Any]:
+    """A backward node; ``grad_inputs`` and the departure in ``backward_order`` are set when they are known."""
+    node = node_entry(module_path, module_type=module_type, call_index=call_index)
+    node[GRAD_OUTPUTS] = grad_outputs
+    node[BACKWARD_ORDER] = [arrival, None]
+    return node
+
+
+def op_node_entry(
+    module_path: str, call_index: int, op: str, op_index: int, inputs: Any, outputs: Any
+) -> dict[str, Any]:
+    """An op node: one torch function called by the module call ``module_path``/``call_index`` itself."""
+    node = node_entry(module_path, call_index=call_index)
+    node.update({OP: op, OP_INDEX: op_index, INPUTS: inputs, OUTPUTS: outputs})
+    return node
+
+
+def is_op_node(obj: Any) -> bool:
+    """True for an op node (an object with a string ``op``) among a node's ``children``."""
+    return isinstance(obj, dict) and isinstance(obj.get(OP), str)
+
+
+def error_entry(type_name: str, message: str) -> dict[str, Any]:
+    """The ``error`` of a node whose call raised."""
+    return {ERROR_TYPE: type_name, ERROR_MESSAGE: message}
+
+
+def tensor_entry(
+    shape: str,
+    dtype: str,
+    value: str | list[str] | None = None,
+    *,
+    string_stats: Mapping[str, str] | None = None,
+    stats: Mapping[str, Any] | None = None,
+    device: str | None = None,
+) -> dict[str, Any]:
+    """A tensor entry: ``shape`` and ``dtype`` as ``repr()`` strings (``"torch.Size([1, 7])"``, ``"torch.float32"``).
+
+    ``value`` is a payload reference (see ``payload_reference``), the repr
+    lines, or None (no ``value`` key: a summary-only capture).
+    ``string_stats`` are the standard trace's ``mean``/``std``/``min``/``max``
+    repr strings; ``stats`` and ``device`` are tracediff's additions.
+    """
+    entry: dict[str, Any] = {SHAPE: shape, DTYPE: dtype}
+    if value is not None:
+        entry[VALUE] = value
+    if string_stats:
+        entry.update((key, string_stats[key]) for key in STRING_STAT_KEYS if key in string_stats)
+    if stats is not None:
+        entry[STATS] = stats
+    if device is not None:
+        entry[DEVICE] = device
+    return entry
+
+
+def dtensor_entry(global_shape: list[int], placements: list[str], recorded: str) -> dict[str, Any]:
+    """The ``dtensor`` object of a DTensor's entry; ``recorded`` is ``"local"`` (the shard) or ``"full"``."""
+    return {DTENSOR_GLOBAL_SHAPE: global_shape, DTENSOR_PLACEMENTS: placements, DTENSOR_RECORDED: recorded}
+
+
+def is_tensor_entry(obj: Any) -> bool:
+    """The rule of the specification: a JSON object whose ``shape`` and ``dtype`` are strings is a tensor entry.
+
+    Typed values (objects with ``py_type``) are never tensor entries. In a
+    tracediff trace no container holds a bare string, so the rule cannot
+    mistake a container for a tensor there; in the standard trace a dict
+    argument with string items named ``shape`` and ``dtype`` is ambiguous.
+    """
+    return (isinstance(obj, dict) and isinstance(obj.get(SHAPE), str) and isinstance(obj.get(DTYPE), str)
+            and PY_TYPE not in obj)
+
+
+def has_payload_value(obj: Any) -> bool:
+    """True for a tensor entry that carries ``value`` (what a SUMMARY file leaves out)."""
+    return VALUE in obj and is_tensor_entry(obj)
+
+
+# --- typed non-tensor values ---------------------------------------------------------------------------------
+
+
+def is_json_safe(value: Any, depth: int = 0) -> bool:
+    """True when ``value`` is None/bool/int/float/str or lists/tuples/str-keyed dicts of those (32 levels deep)."""
+    if isinstance(value, _PLAIN_SCALARS):
+        return True
+    if depth > 32:
+        return False
+    if type(value) in (list, tuple):
+        return all(is_json_safe(item, depth + 1) for item in value)
+    if type(value) is dict:
+        return all(isinstance(k, str) and is_json_safe(v, depth + 1) for k, v in value.items())
+    return False
+
+
+def as_json(value: Any) -> Any:
+    """A JSON-safe value with tuples as lists (for values ``is_json_safe`` accepted)."""
+    if isinstance(value, (list, tuple)):
+        return [as_json(item) for item in value]
+    if isinstance(value, dict):
+        return {k: as_json(v) for k, v in value.items()}
+    return value
+
+
+def typed_value(value: Any) -> dict[str, Any]:
+    """``{"py_type": "int", "py_value": 3}`` for a value ``is_json_safe`` accepts (tuples stored as lists)."""
+    return {PY_TYPE: type(value).__name__, PY_VALUE: as_json(value)}
+
+
+def typed_repr(type_name: str, text: str) -> dict[str, Any]:
+    """``{"py_type": "DynamicCache", "repr": "..."}`` for any other value."""
+    return {PY_TYPE: type_name, REPR: text}
+
+
+def is_typed_value(obj: Any) -> bool:
+    return isinstance(obj, dict) and isinstance(obj.get(PY_TYPE), str)
+
+
+def typed_value_content(entry: Mapping[str, Any]) -> tuple[bool, Any]:
+    """``(True, value)`` for a typed value holding its value (``py_value``, or step records' older ``value``).
+
+    Tuples come back as tuples. ``(False, None)`` when only a ``repr`` is known.
+    """
+    for key in (PY_VALUE, LEGACY_PY_VALUE):
+        if key in entry:
+            value = entry[key]
+            return True, tuple(value) if entry.get(PY_TYPE) == "tuple" and isinstance(value, list) else value
+    return False, None
+
+
+# --- metadata -----------------------------------------------------------------------------------------------
+
+
+def metadata_entry(fields: Mapping[str, Any]) -> dict[str, Any]:
+    """The metadata object: ``format_version`` first, then ``fields`` in the order of ``METADATA_KEYS``.
+
+    Raises ValueError for a key this module does not define (add it to
+    ``METADATA_KEYS``, the specification and the schema first).
+    """
+    unknown = sorted(set(fields) - set(METADATA_KEYS))
+    if unknown:
+        raise ValueError(f"metadata keys not in the trace format: {', '.join(unknown)}")
+    entry = {FORMAT_VERSION_KEY: FORMAT_VERSION}
+    entry.update((key, fields[key]) for key in METADATA_KEYS if key in fields and key != FORMAT_VERSION_KEY)
+    return entry
+
+
+def parse_format_version(version: Any) -> tuple[int, int] | None:
+    """``"1.1"`` -> ``(1, 1)``, ``1`` -> ``(1, 0)``; None when ``version`` is neither."""
+    if isinstance(version, int) and not isinstance(version, bool) and version >= 0:
+        return version, 0
+    if isinstance(version, str):
+        match = re.fullmatch(r"(\d+)\.(\d+)", version)
+        if match:
+            return int(match.group(1)), int(match.group(2))
+    return None
+
+
+def check_format_version(metadata: Mapping[str, Any], where: object) -> None:
+    """Refuse a trace whose metadata carries a malformed ``format_version`` or a newer MAJOR version.
+
+    Metadata without ``format_version`` is accepted (older and foreign
+    writers); a newer MINOR version is accepted (readers ignore unknown keys).
+    """
+    if FORMAT_VERSION_KEY not in metadata:
+        return
+    found = metadata[FORMAT_VERSION_KEY]
+    parsed = parse_format_version(found)
+    major = int(FORMAT_VERSION.split(".")[0])
+    if parsed is None:
+        raise TraceFormatError(f"{where}: format_version {json.dumps(found)} is not \"MAJOR.MINOR\"")
+    if parsed[0] > major:
+        raise TraceFormatError(
+            f"{where}: format_version {json.dumps(found)} is newer than this tracediff reads ({major}.x); "
+            "upgrade tracediff")
+
+
+def schema() -> dict[str, Any]:
+    """The JSON Schema of tracediff's trace files (``$defs``: ``trace``, ``metadata``, ``standard_trace``)."""
+    text = resources.files("tracediff").joinpath(SCHEMA_FILE).read_text(encoding="utf-8")
+    loaded: dict[str, Any] = json.loads(text)
+    return loaded

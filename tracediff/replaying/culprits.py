@@ -1,0 +1,73 @@
+"""Which out-of-tolerance calls are culprits, and which parents their culprit children explain.
+
+A call whose verdict blames B (``B differs``, or ``out of tolerance``
+without the oracle) is a candidate. Candidates are decided innermost first:
+
+* a candidate with no culprit below it is a culprit;
+* a candidate with culprits below it is rerun with those culprits' outputs
+  replaced by A's recorded outputs; if it then no longer blames B, it is
+  *explained by* them and is not a culprit, otherwise the code between its
+  submodule calls differs too and it is a culprit as well.
+
+Each culprit thus stands on its own local error, even with two bugs, and
+even when the first bug is benign.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from ..trace.model import Node
+from .result import BLAMING
+
+
+@dataclass
+class Decision:
+    culprit: bool = False
+    explained_by: tuple[str, ...] = ()
+    note: str = ""
+
+
+@dataclass
+class Candidate:
+    key: int
+    node_a: Node
+    module_path_b: str
+    verdict: str
+    decision: Decision = field(default_factory=Decision)
+
+
+def _below(node: Node, ancestor: Node) -> bool:
+    parent = node.parent
+    while parent is not None:
+        if parent is ancestor:
+            return True
+        parent = parent.parent
+    return False
+
+
+def decide(candidates: list[Candidate], rerun: Callable[[Candidate, list[Candidate]], str] | None) -> None:
+    """Fill each candidate's ``decision``; ``rerun(parent, children)`` returns the parent's patched verdict.
+
+    Without ``rerun`` (B's call tree unknown), a candidate with a culprit below it is taken as explained.
+    """
+    culprits: list[Candidate] = []
+    for candidate in sorted(candidates, key=lambda c: -c.node_a.depth):
+        if candidate.verdict not in BLAMING:
+            continue
+        below = [c for c in culprits if _below(c.node_a, candidate.node_a)]
+        if not below:
+            candidate.decision = Decision(culprit=True)
+            culprits.append(candidate)
+            continue
+        names = tuple(c.module_path_b for c in below)
+        patched_verdict = rerun(candidate, below) if rerun is not None else None
+        if patched_verdict is None or patched_verdict not in BLAMING:
+            candidate.decision = Decision(explained_by=names)
+        else:
+            candidate.decision = Decision(
+                culprit=True, note=f"still {patched_verdict} with the outputs of {len(below)} culprit "
+                                   "submodule call(s) replaced by A's: the code between its submodule calls "
+                                   "differs too")
+            culprits.append(candidate)

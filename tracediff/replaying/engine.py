@@ -1,0 +1,473 @@
+"""``tracediff.replay``: run B's own modules on A's recorded inputs; which of B's modules is wrong?
+
+A short tour::
+
+    import tracediff
+
+    result = tracediff.replay(port_model, "traces/orig")
+    for call in result.culprits:            # innermost calls whose own math differs from A's
+        print(call.module_path_b, call.local_max_abs_err, call.reason)
+    result.table                            # one row per replayed call and output tensor
+    result.skipped                          # calls that could not be replayed, with the reason
+
+1. A's trace is loaded; A's top-level inputs are rebuilt and B's whole
+   forward runs once on them (:mod:`.shadow`), giving B's call tree.
+2. B's calls are matched to A's nodes as ``align`` matches two traces
+   (paths relative to the root, call index, rename rules).
+3. Each matched call of B runs alone, in eval mode, without grad, with the
+   RNG seeded, on A's recorded inputs (:mod:`.inputs`), and its outputs are
+   compared with A's: the module's *local* error, free of everything upstream
+   (:mod:`.runner`). Parents are replayed too: they rerun their children.
+4. The float64 oracle (:mod:`.oracle`) says whether a difference is B's
+   math or B's precision.
+5. Culprits are the innermost calls whose math differs (:mod:`.culprits`);
+   with ``patch=True`` each culprit's output is replaced by A's in B's whole
+   forward to measure how much of the final error it causes (:mod:`.patching`).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..alignment.matching import apply_rename, match_nodes
+from ..alignment.rename_map import RenameSpec, rename_rules
+from ..errors import TraceFormatError, UsageError
+from ..trace.load import Trace, load_trace
+from ..trace.model import Node
+from .culprits import Candidate, decide
+from .inputs import NotRebuildable, Target, output_slots, rebuild_inputs
+from .oracle import NOISE_MULTIPLIER, float64_copy, oracle_device
+from .patching import Replacements, patched
+from .result import Replay, ReplayedCall, SkippedCall
+from .runner import CallOutcome, CallSetup, replay_call
+from .shadow import ShadowRun, seed_rng, shadow_run
+
+
+def replay(
+    model_b: nn.Module,
+    trace_a: str | Path | Trace,
+    *,
+    rename: RenameSpec = None,
+    atol: float | None = None,
+    rtol: float | None = None,
+    oracle: bool = True,
+    modules: str | Sequence[str] | None = None,
+    device: str | torch.device | None = None,
+    progress: bool = False,
+    patch: bool = False,
+) -> Replay:
+    """Replay every module call of ``model_b`` that matches a node of ``trace_a`` on A's recorded inputs.
+
+    Args:
+        model_b: the port. It is put in eval mode for the replay and its
+            modes (and device, with ``device``) are restored afterwards.
+        trace_a: the reference trace (folder, JSON file, or loaded ``Trace``),
+            recorded with payloads (``tensors="full"``).
+        rename: rename rules for A's paths, in any form ``align`` takes.
+        atol, rtol: the local error a row may have and still pass without
+            the oracle's help. Default: torch.testing's for the pair's dtypes.
+        oracle: also run each call in float64 and judge B against its own
+            precision noise (default True); without it a row out of
+            tolerance blames B.
+        modules: a glob (or several) over module paths, relative
+            (``model.layers.0.mlp``) or full, of A or B: only those calls
+            are replayed (default: every call).
+        device: move ``model_b`` there for the replay (default: where it is).
+        progress: a progress bar on stderr (only when it is a terminal).
+        patch: for each culprit, rerun B's whole forward with that call's
+            output replaced by A's and report the share of the final-output
+            error that disappears (``patch_effect``, 0-100).
+
+    Returns:
+        A ``Replay``: truthy when no call is a culprit.
+
+    Raises:
+        TraceFormatError: the trace cannot be read or holds no payloads.
+        UsageError: bad rename rules or ``modules`` patterns.
+    """
+    started = time.perf_counter()
+    for name, value in (("atol", atol), ("rtol", rtol)):
+        if value is not None and not (isinstance(value, (int, float)) and value >= 0 and math.isfinite(value)):
+            raise UsageError(f"{name}={value!r}: expected a finite number >= 0")
+    device = _check_device(device)
+    trace = trace_a if isinstance(trace_a, Trace) else load_trace(trace_a)
+    _check_replayable(trace)
+    rules = rename_rules(rename)
+    patterns = _patterns(modules)
+    seed = _seed(trace.metadata)
+    with _prepared(model_b, device) as run_device:
+        job = _Job(trace, model_b, rules, seed, run_device, atol, rtol, oracle)
+        job.run(patterns, progress)
+        if patch:
+            job.measure_patches()
+        calls = job.results()
+    return Replay(trace_a=str(trace.directory), model_b=type(model_b).__name__, oracle=oracle,
+                  device=str(run_device), seed=seed, modules=calls, skipped=tuple(job.skipped),
+                  noise_multiplier=NOISE_MULTIPLIER, end_to_end=job.end_to_end, warnings=tuple(job.warnings),
+                  patched=patch, seconds=time.perf_counter() - started)
+
+
+def _check_replayable(trace: Trace) -> None:
+    if trace.summary_only:
+        raise TraceFormatError(f"{trace.json_path}: holds statistics only (SUMMARY); replay needs the tensors: "
+                               "capture A with tensors=\"full\"")
+    if not any(record.has_payload for _, record in trace.records()):
+        raise TraceFormatError(f"{trace.json_path}: holds no tensor payloads (repr or summary capture); replay "
+                               "needs the tensors: capture A with tensors=\"full\"")
+
+
+def _patterns(modules: str | Sequence[str] | None) -> list[str]:
+    if modules is None:
+        return []
+    patterns = [modules] if isinstance(modules, str) else list(modules)
+    if not all(isinstance(p, str) and p for p in patterns):
+        raise UsageError(f"modules={modules!r}: expected a glob or a list of globs over module paths")
+    return patterns
+
+
+def _seed(metadata: dict[str, Any]) -> int:
+    """The trace's recorded seed (``seed`` in its metadata) when there is one, else 0."""
+    seed = metadata.get("seed")
+    return seed if isinstance(seed, int) and not isinstance(seed, bool) else 0
+
+
+def _check_device(device: str | torch.device | None) -> torch.device | None:
+    if device is None:
+        return None
+    try:
+        target = torch.device(device)
+    except (RuntimeError, ValueError, TypeError):
+        raise UsageError(f"device {device!r}: not a torch device (cpu, cuda, cuda:1, mps, ...)") from None
+    if target.type == "cuda" and not torch.cuda.is_available():
+        raise UsageError(f"device {device!r}: CUDA is not available on this machine")
+    if target.type == "mps" and not torch.backends.mps.is_available():
+        raise UsageError(f"device {device!r}: MPS is not available on this machine")
+    return target
+
+
+def _first_device(model: nn.Module) -> torch.device | None:
+    for tensor in [*model.parameters(), *model.buffers()]:
+        return tensor.device
+    return None
+
+
+@contextmanager
+def _prepared(model: nn.Module, device: str | torch.device | None) -> Iterator[torch.device]:
+    modes = [(m, m.training) for m in model.modules()]
+    original = _first_device(model)
+    target = torch.device(device) if device is not None else (original or torch.device("cpu"))
+    moved = device is not None and original is not None and original != target
+    model.eval()
+    try:
+        if moved:
+            model.to(target)
+        yield target
+    finally:
+        if moved and original is not None:
+            model.to(original)
+        for module, training in modes:
+            module.training = training
+
+
+def _param_dtype(module: nn.Module) -> torch.dtype | None:
+    for p in module.parameters():
+        if p.is_floating_point():
+            return p.dtype
+    return None
+
+
+def _module_device(module: nn.Module, default: torch.device) -> torch.device:
+    for tensor in [*module.parameters(), *module.buffers()]:
+        return tensor.device
+    return default
+
+
+@dataclass
+class _Done:
+    node_a: Node
+    node_b: Node
+    setup: CallSetup
+    outcome: CallOutcome
+    order: int
+
+
+class _Job:
+    """One replay: matching, the per-call runs, culprits and patches."""
+
+    def __init__(self, trace: Trace, model: nn.Module, rules: list[tuple[str, str]], seed: int,
+                 device: torch.device, atol: float | None, rtol: float | None, oracle: bool) -> None:
+        self.trace, self.model, self.rules, self.seed, self.device = trace, model, rules, seed, device
+        self.atol, self.rtol, self.oracle = atol, rtol, oracle
+        self.root_name = type(model).__name__
+        self.modules = dict(model.named_modules(remove_duplicate=False))
+        self.model_dtype = _param_dtype(model)
+        self.warnings: list[str] = []
+        self.skipped: list[SkippedCall] = []
+        self.done: list[_Done] = []
+        self.end_to_end: dict[str, Any] | None = None
+        self.twin: nn.Module | None = None
+        self.twin_modules: dict[str, nn.Module] = {}
+        self.shadow = ShadowRun(trace=None)
+        self.root_inputs: tuple[tuple[Any, ...], dict[str, Any]] | None = None
+        self.patch_effects: dict[int, float] = {}
+
+    # --- matching -----------------------------------------------------------------------------------------
+
+    def _shadow(self) -> None:
+        root_a = self.trace.roots[0]
+        try:
+            self.root_inputs = rebuild_inputs(self.trace, root_a, Target(self.device, self.model_dtype))
+        except NotRebuildable as e:
+            self.warnings.append(f"A's top-level inputs cannot be rebuilt ({e}): calls are matched by name only, "
+                                 "and there is no end-to-end error")
+            return
+        self.shadow = shadow_run(self.model, *self.root_inputs, seed=self.seed)
+        if self.shadow.error is not None:
+            self.warnings.append(f"B's forward on A's top-level inputs raised {self.shadow.error}: calls are matched "
+                                 "by name only")
+            return
+        self.end_to_end = self._final_error(self.shadow.output)
+
+    def _pairs(self) -> list[tuple[Node, Node]]:
+        forward_a = [n for n in self.trace.nodes() if n.phase == "forward"]
+        if self.shadow.trace is not None:
+            matching = match_nodes(self.trace, self.shadow.trace, self.rules)
+            if matching.structural:
+                self.warnings.append("module paths did not line up by name: calls were matched by structure; "
+                                     "pass rename rules (--map) to match them by name")
+            unmatched = {id(node) for node in matching.unmatched_b}
+            paired = {id(b) for _, b in matching.pairs}
+            for node in self.shadow.trace.nodes():
+                if id(node) in unmatched:
+                    reason = "no call in A's trace matches it"
+                elif id(node) not in paired:
+                    reason = ("A's trace did not record it (a layer block the standard trace pruned; capture A "
+                              "with tracediff.capture, which keeps every layer)")
+                else:
+                    continue
+                self.skipped.append(SkippedCall(module_path_b=node.module_path, call_index=node.call_index,
+                                                reason=reason))
+            return [(a, b) for a, b in matching.pairs if a.phase == "forward"]
+        pairs = []
+        for node in forward_a:
+            relative = apply_rename(node.relative_path, self.rules)
+            path_b = f"{self.root_name}.{relative}" if relative else self.root_name
+            if relative not in self.modules:
+                self.skipped.append(SkippedCall(module_path_b=path_b, call_index=node.call_index,
+                                                module_path_a=node.module_path, reason="B has no such module"))
+                continue
+            pairs.append((node, Node(module_path=path_b, relative_path=relative, call_index=node.call_index,
+                                     module_type=type(self.modules[relative]).__name__, depth=node.depth,
+                                     enter_order=node.enter_order)))
+        return pairs
+
+    # --- replaying ----------------------------------------------------------------------------------------
+
+    def run(self, patterns: list[str], progress: bool) -> None:
+        self._shadow()
+        pairs = list(enumerate(sorted(self._pairs(), key=lambda pair: pair[1].enter_order)))
+        if patterns:
+            pairs = [p for p in pairs if _selected(p[1], patterns)]
+            if not pairs:
+                raise UsageError(f"--modules {' '.join(patterns)}: matches no replayable module call")
+        if self.oracle:
+            self.twin = float64_copy(self.model, oracle_device(self.device))
+            self.twin_modules = dict(self.twin.named_modules(remove_duplicate=False))
+        bar = _progress_bar(progress, len(pairs))
+        try:
+            for order, (node_a, node_b) in pairs:
+                self._replay_one(order, node_a, node_b)
+                if bar is not None:
+                    bar.update(1)
+        finally:
+            if bar is not None:
+                bar.close()
+        self._decide()
+
+    def _skip(self, node_a: Node, node_b: Node, reason: str) -> None:
+        self.skipped.append(SkippedCall(module_path_b=node_b.module_path, call_index=node_b.call_index,
+                                        module_path_a=node_a.module_path, reason=reason))
+
+    def _setup(self, node_a: Node, node_b: Node) -> CallSetup | None:
+        module = self.modules.get(node_b.relative_path)
+        if module is None:
+            self._skip(node_a, node_b, "not a submodule of B")
+            return None
+        if not node_a.outputs():
+            self._skip(node_a, node_b, "A's trace holds no outputs for this call (the standard trace keeps only "
+                                       "the leaves' outputs; capture A with tracediff.capture)")
+            return None
+        slot_dtypes = self.shadow.slot_dtypes.get((node_b.relative_path, node_b.call_index), {})
+        dtype = _param_dtype(module) or next(iter(slot_dtypes.values()), None) or self.model_dtype
+        device = _module_device(module, self.device)
+        twin = self.twin_modules.get(node_b.relative_path)
+        oracle_target = Target(_module_device(twin, self.device), torch.float64) if twin is not None else None
+        return CallSetup(trace=self.trace, node_a=node_a, node_b=node_b if self.shadow.trace else None,
+                         module=module, twin=twin, target=Target(device, dtype, dict(slot_dtypes)),
+                         oracle_target=oracle_target, seed=self.seed, atol=self.atol, rtol=self.rtol)
+
+    def _replay_one(self, order: int, node_a: Node, node_b: Node) -> None:
+        setup = self._setup(node_a, node_b)
+        if setup is None:
+            return
+        try:
+            outcome = replay_call(setup, oracle=self.oracle)
+        except NotRebuildable as e:
+            self._skip(node_a, node_b, str(e))
+            return
+        finally:
+            setup.tensors.clear()  # payloads are read again only for culprits
+        self.done.append(_Done(node_a, node_b, setup, outcome, order))
+
+    # --- culprits and patches -----------------------------------------------------------------------------
+
+    def _decide(self) -> None:
+        candidates = [Candidate(key=i, node_a=d.node_a, module_path_b=d.node_b.module_path, verdict=d.outcome.verdict)
+                      for i, d in enumerate(self.done)]
+        decide(candidates, self._rerun_patched if self.shadow.trace is not None else None)
+        self.decisions = {c.key: c.decision for c in candidates}
+
+    def _recorded_outputs(self, done: _Done) -> dict[str, torch.Tensor]:
+        return {slot: tensor for slot, tensor in done.setup.recorded_outputs().items()}
+
+    def _rerun_patched(self, parent: Candidate, children: list[Candidate]) -> str:
+        done = self.done[parent.key]
+        replacements: Replacements = {}
+        for child in children:
+            child_done = self.done[child.key]
+            replacements[(child_done.node_b.relative_path, child_done.node_b.call_index)] = \
+                self._recorded_outputs(child_done)
+        order = _call_order(done.node_b)
+
+        def index(path: str, k: int) -> int | None:
+            calls = order.get(path, [])
+            return calls[k] if k < len(calls) else None
+
+        setup, twin = done.setup, self.twin
+        try:
+            outcome = replay_call(setup, oracle=self.oracle,
+                                  patch=lambda: patched(self.model, replacements, index),
+                                  twin_patch=(lambda: patched(twin, replacements, index)) if twin is not None else None)
+        except NotRebuildable:
+            return done.outcome.verdict
+        finally:
+            setup.tensors.clear()
+        return outcome.verdict
+
+    def _final_error(self, output: Any) -> dict[str, Any] | None:
+        """The error of B's whole forward (on A's inputs) against A's recorded final outputs."""
+        recorded = {}
+        for record in self.trace.roots[0].outputs():
+            if record.has_payload:
+                try:
+                    recorded[record.slot] = self.trace.load(record)
+                except Exception:  # noqa: BLE001 - no end-to-end error then
+                    continue
+        squares, count, worst, scale = 0.0, 0, 0.0, 0.0
+        slots = []
+        for slot, tensor in output_slots(output):
+            a = recorded.get(slot)
+            if a is None or not a.is_floating_point() or tuple(a.shape) != tuple(tensor.shape):
+                continue
+            diff = a.to(torch.float64) - tensor.detach().to("cpu", torch.float64)
+            finite = torch.isfinite(diff)
+            squares += float(diff[finite].square().sum())
+            scale += float(a.to(torch.float64)[finite].square().sum())
+            count += int(finite.sum())
+            worst = max(worst, float(diff[finite].abs().max()) if bool(finite.any()) else 0.0)
+            slots.append(slot)
+        if not slots:
+            return None
+        rms = math.sqrt(squares / count) if count else 0.0
+        rel = math.sqrt(squares / scale) if scale > 0 else (0.0 if squares == 0 else math.inf)
+        return {"tensors": slots, "max_abs_err": worst, "rms_err": rms, "rel_rms_err": rel}
+
+    def measure_patches(self) -> None:
+        """For each culprit: the share of the final-output error that disappears with A's output in its place."""
+        base = self.end_to_end
+        if base is None or self.root_inputs is None:
+            self.warnings.append("--patch: B's final output cannot be compared with A's (see the other warnings); "
+                                 "no patch effects")
+            return
+        args, kwargs = self.root_inputs
+        for key, decision in self.decisions.items():
+            if not decision.culprit:
+                continue
+            done = self.done[key]
+            replacements = {(done.node_b.relative_path, done.node_b.call_index): self._recorded_outputs(done)}
+            with torch.no_grad(), patched(self.model, replacements):
+                seed_rng(self.seed)
+                try:
+                    output = self.model(*args, **kwargs)
+                except Exception as e:  # noqa: BLE001
+                    self.warnings.append(f"--patch {done.node_b.module_path}: B's forward raised {type(e).__name__}")
+                    continue
+            after = self._final_error(output)
+            if after is None:
+                continue
+            before = base["rms_err"]
+            effect = 100.0 * (before - after["rms_err"]) / before if before > 0 else 0.0
+            self.patch_effects[key] = min(100.0, max(0.0, effect))
+
+    def results(self) -> tuple[ReplayedCall, ...]:
+        calls = []
+        for key, done in enumerate(self.done):
+            decision = self.decisions[key]
+            reason = done.outcome.reason
+            if decision.note:
+                reason = f"{reason}; {decision.note}" if reason else decision.note
+            if decision.explained_by:
+                reason = f"{reason}; explained by {', '.join(decision.explained_by)}" if reason else \
+                    f"explained by {', '.join(decision.explained_by)}"
+            calls.append(ReplayedCall(
+                module_path_a=done.node_a.module_path, module_path_b=done.node_b.module_path,
+                call_index=done.node_b.call_index, module_type=done.node_b.module_type, order=done.order,
+                tensors=tuple(done.outcome.rows), verdict=done.outcome.verdict, reason=reason,
+                culprit=decision.culprit, explained_by=decision.explained_by,
+                patch_effect=self.patch_effects.get(key), seconds=done.outcome.seconds))
+        return _ranked(calls)
+
+
+def _ranked(calls: list[ReplayedCall]) -> tuple[ReplayedCall, ...]:
+    """Rank culprits: by patch effect when measured, then by relative local error (1 = most important)."""
+    culprits = [c for c in calls if c.culprit]
+
+    def importance(call: ReplayedCall) -> tuple[float, float]:
+        rel = call.local_rel_rms_err
+        return (call.patch_effect if call.patch_effect is not None else -1.0, -1.0 if math.isnan(rel) else rel)
+
+    ranks = {id(c): i + 1 for i, c in enumerate(sorted(culprits, key=importance, reverse=True))}
+    return tuple(replace(c, rank=ranks[id(c)]) if c.culprit else c for c in calls)
+
+
+def _call_order(node: Node) -> dict[str, list[int]]:
+    """For each path under (and including) ``node``: its call indices in the order they run."""
+    order: dict[str, list[int]] = {}
+    for item in node.walk():
+        order.setdefault(item.relative_path, []).append(item.call_index)
+    return order
+
+
+def _selected(pair: tuple[Node, Node], patterns: list[str]) -> bool:
+    names = [pair[0].relative_path, pair[0].module_path, pair[1].relative_path, pair[1].module_path]
+    return any(fnmatch.fnmatchcase(name, pattern) for name in names for pattern in patterns)
+
+
+def _progress_bar(enabled: bool, total: int) -> Any:
+    if not enabled or not sys.stderr.isatty():
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc="replay", unit=" calls", file=sys.stderr, leave=False)
+

@@ -1,0 +1,90 @@
+"""The float64 oracle: is B's math different, or does B only round differently?
+
+For each output tensor three values are at hand: A's recorded output ``a``
+(dtype ``dA``), B's output ``b`` in B's own dtype ``dB``, and ``exact``, the
+same module of B run in float64 (a float64 copy of B's model, on A's inputs
+upcast to float64). Over the positions where all three are finite:
+
+* ``precision_noise = rms(b - exact)``: how far B's own dtype and kernels
+  take it from its exact math;
+* ``math_diff = rms(a - exact)``: how far A is from B's exact math;
+* ``noise_budget = max(precision_noise, precision_noise * eps(dA) / eps(dB),
+  eps(coarser of dA, dB) / 2 * rms(exact))``: B's noise, A's noise
+  estimated from it by the ratio of machine epsilons, and at least one
+  rounding of the output at the coarser precision (which covers weights
+  stored in that precision: B's exact run uses B's rounded weights);
+* ``factor = math_diff / noise_budget``.
+
+The verdict is ``same math`` when ``factor <= NOISE_MULTIPLIER`` (default
+8), ``B differs`` otherwise. This is the rule of torch's own accuracy checks
+(``torch._dynamo.utils.same``: the result's RMS error against an fp64 run is
+at most a small multiple of the reference's), with A in the result's place
+and the multiple widened because A's kernels are not B's. Integer and bool
+outputs have no rounding: they are the same math only when equal.
+
+The float64 copy runs on B's device when it is CPU or CUDA, and on the CPU
+otherwise (MPS has no float64). It holds 8 bytes per parameter.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+NOISE_MULTIPLIER = 8.0
+
+
+def oracle_device(device: torch.device) -> torch.device:
+    """Where the float64 copy runs: B's device when it computes float64 well, else the CPU."""
+    return device if device.type in ("cpu", "cuda") else torch.device("cpu")
+
+
+def float64_copy(model: nn.Module, device: torch.device) -> nn.Module:
+    """A float64 copy of ``model`` on ``device`` (floating parameters and buffers converted)."""
+    clone = copy.deepcopy(model)
+    return clone.to(device=device, dtype=torch.float64).eval()
+
+
+@dataclass(frozen=True)
+class OracleView:
+    precision_noise: float
+    math_diff: float
+    noise_budget: float
+    factor: float
+
+    @property
+    def same_math(self) -> bool:
+        return self.factor <= NOISE_MULTIPLIER
+
+
+def _eps(dtype: torch.dtype) -> float:
+    return float(torch.finfo(dtype).eps) if dtype.is_floating_point else 0.0
+
+
+def _rms(x: torch.Tensor) -> float:
+    return float(x.square().mean().sqrt()) if x.numel() else 0.0
+
+
+def judge(a: torch.Tensor, b: torch.Tensor, exact: torch.Tensor) -> OracleView:
+    """The oracle's view of one output tensor (same shapes; see the module docstring for the rule)."""
+    dtype_a, dtype_b = a.dtype, b.dtype
+    ea, eb, ex = (t.detach().to("cpu", torch.float64).reshape(-1) for t in (a, b, exact))
+    if not (dtype_a.is_floating_point or dtype_b.is_floating_point):
+        differs = not torch.equal(ea, eb)
+        return OracleView(0.0, float(differs), 0.0, math.inf if differs else 0.0)
+    finite = torch.isfinite(ea) & torch.isfinite(eb) & torch.isfinite(ex)
+    ea, eb, ex = ea[finite], eb[finite], ex[finite]
+    noise = _rms(eb - ex)
+    diff = _rms(ea - ex)
+    eps_a = _eps(dtype_a) or _eps(dtype_b)
+    eps_b = _eps(dtype_b) or eps_a
+    budget = max(noise, noise * eps_a / eps_b, 0.5 * max(eps_a, eps_b) * _rms(ex))
+    if budget == 0.0:
+        factor = 0.0 if diff == 0.0 else math.inf
+    else:
+        factor = diff / budget
+    return OracleView(precision_noise=noise, math_diff=diff, noise_budget=budget, factor=factor)

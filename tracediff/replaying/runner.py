@@ -1,0 +1,199 @@
+"""Running one module call of B on A's recorded inputs and comparing it with A's recorded outputs."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..alignment.metrics import compare_tensors
+from ..alignment.tolerance import default_tolerance
+from ..trace.load import Trace
+from ..trace.model import Node, TensorRecord
+from .inputs import NotRebuildable, Target, output_slots, rebuild_inputs
+from .oracle import NOISE_MULTIPLIER, judge
+from .result import B_DIFFERS, NOT_COMPARABLE, OUT_OF_TOLERANCE, SAME_MATH, WITHIN_TOLERANCE, ReplayedTensor
+from .shadow import seed_rng
+
+
+@dataclass
+class CallSetup:
+    """Everything needed to run one matched call: A's node, B's module (and its float64 twin), where to run."""
+
+    trace: Trace
+    node_a: Node
+    node_b: Node | None
+    module: nn.Module
+    twin: nn.Module | None
+    target: Target
+    oracle_target: Target | None
+    seed: int
+    atol: float | None
+    rtol: float | None
+    tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def load(self, record: TensorRecord) -> torch.Tensor:
+        """A's payload for ``record``, read once per call."""
+        if record.slot not in self.tensors:
+            self.tensors[record.slot] = self.trace.load(record)
+        return self.tensors[record.slot]
+
+    def recorded_outputs(self) -> dict[str, torch.Tensor]:
+        """A's recorded outputs that have a payload, by slot (unreadable ones left out)."""
+        out = {}
+        for record in self.node_a.outputs():
+            if record.has_payload:
+                try:
+                    out[record.slot] = self.load(record)
+                except Exception:  # noqa: BLE001 - reported as a missing output row
+                    continue
+        return out
+
+
+def _run(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], seed: int,
+         patch: Callable[[], Any] | None) -> Any:
+    with torch.no_grad(), (patch() if patch is not None else nullcontext()):
+        seed_rng(seed)
+        return module(*args, **kwargs)
+
+
+def _describe_error(e: BaseException) -> str:
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}".rstrip(": ")
+
+
+@dataclass
+class CallOutcome:
+    rows: list[ReplayedTensor]
+    verdict: str
+    reason: str
+    seconds: float
+
+
+def replay_call(setup: CallSetup, *, oracle: bool, patch: Callable[[], Any] | None = None,
+                twin_patch: Callable[[], Any] | None = None) -> CallOutcome:
+    """Run B's module (and its float64 twin) on A's inputs; raises ``NotRebuildable`` when the inputs cannot be."""
+    started = time.perf_counter()
+    args, kwargs = rebuild_inputs(setup.trace, setup.node_a, setup.target, load=setup.load)
+    recorded = setup.recorded_outputs()
+    try:
+        output = _run(setup.module, args, kwargs, setup.seed, patch)
+    except Exception as e:  # noqa: BLE001 - the port's code failed on A's inputs: a finding, not a crash
+        reason = f"B's module raised {_describe_error(e)} on A's inputs"
+        return CallOutcome([], NOT_COMPARABLE, reason, time.perf_counter() - started)
+    del args, kwargs
+    produced = dict(output_slots(output))
+    exact: dict[str, torch.Tensor] = {}
+    oracle_error = ""
+    if oracle and setup.twin is not None and setup.oracle_target is not None:
+        try:
+            args64, kwargs64 = rebuild_inputs(setup.trace, setup.node_a, setup.oracle_target, load=setup.load)
+            exact = dict(output_slots(_run(setup.twin, args64, kwargs64, setup.seed, twin_patch)))
+        except NotRebuildable:
+            raise
+        except Exception as e:  # noqa: BLE001
+            oracle_error = f"the float64 run raised {_describe_error(e)}"
+    mismatched_inputs = _inputs_not_equivalent(setup)
+    rows = []
+    for record in setup.node_a.outputs():
+        rows.append(_row(setup, record, recorded.get(record.slot), produced.get(record.slot),
+                         exact.get(record.slot), oracle=oracle, oracle_error=oracle_error,
+                         not_equivalent=mismatched_inputs))
+    verdict, reason = _call_verdict(rows, oracle)
+    return CallOutcome(rows, verdict, reason, time.perf_counter() - started)
+
+
+def _inputs_not_equivalent(setup: CallSetup) -> str:
+    """Why A's inputs are not what B's own forward gives this call, when a tensor of B's is None in A."""
+    if setup.node_b is None:
+        return ""
+    b_slots = {record.slot for record in setup.node_b.inputs()}
+    for slot, value in setup.node_a.values.items():
+        if value is not None or not slot.startswith("inputs."):
+            continue
+        held = sorted(s for s in b_slots if s == slot or s.startswith(slot + "."))
+        if not held:
+            continue
+        name = slot.rsplit(".", 1)[-1]
+        shape = next((r.shape for r in setup.node_b.inputs() if r.slot == held[0]), None)
+        remedy = ("A's attention kernel (sdpa, flash) probably applied the mask itself; capture A with eager "
+                  "attention (attn_implementation=\"eager\") so that its trace holds the mask"
+                  if "mask" in name else "capture A so that this input is recorded, or replay a module that "
+                                         "receives it as B does")
+        return (f"inputs not equivalent: A's trace holds {name}=None where B's own forward passes a tensor "
+                f"of shape {tuple(shape) if shape else '?'}; {remedy}")
+    return ""
+
+
+def _row(setup: CallSetup, record: TensorRecord, a: torch.Tensor | None, b: torch.Tensor | None,
+         exact: torch.Tensor | None, *, oracle: bool, oracle_error: str, not_equivalent: str) -> ReplayedTensor:
+    base: dict[str, Any] = {"tensor": record.slot, "shape_a": record.shape, "dtype_a": record.dtype,
+                            "shape_b": tuple(b.shape) if b is not None else None,
+                            "dtype_b": str(b.dtype) if b is not None else None}
+    if a is None:
+        why = record.stale_reason or ("no payload in A's trace" if record.payload is None else "payload unreadable")
+        return ReplayedTensor(**base, verdict=NOT_COMPARABLE, reason=f"A's {record.slot}: {why}")
+    if b is None:
+        return ReplayedTensor(**base, verdict=NOT_COMPARABLE, reason=f"B's output has no {record.slot}")
+    if tuple(a.shape) != tuple(b.shape):
+        return ReplayedTensor(**base, verdict=NOT_COMPARABLE,
+                              reason=f"shapes differ: A {tuple(a.shape)}, B {tuple(b.shape)}")
+    default_rtol, default_atol = default_tolerance(str(a.dtype), str(b.dtype))
+    atol = default_atol if setup.atol is None else setup.atol
+    rtol = default_rtol if setup.rtol is None else setup.rtol
+    b_cpu = b.detach().to("cpu")
+    m = compare_tensors(a, b_cpu, atol=atol, rtol=rtol)
+    scale = float(a.detach().to(torch.float64).square().mean().sqrt()) if a.numel() else 0.0
+    rel_rms = m.rms_err / scale if scale > 0 else (0.0 if m.rms_err == 0 else math.inf)
+    local: dict[str, Any] = {"local_max_abs_err": m.max_abs_err, "local_max_rel_err": m.max_rel_err,
+                             "local_rms_err": m.rms_err, "local_rel_rms_err": rel_rms, "atol": atol, "rtol": rtol,
+                             "within_tolerance": m.within_tolerance}
+    non_finite = m.nan_mismatch + m.inf_mismatch
+    if not oracle:
+        verdict = WITHIN_TOLERANCE if m.within_tolerance else OUT_OF_TOLERANCE
+        reason = "" if m.within_tolerance else f"max abs error {m.max_abs_err:.3g} (atol {atol:g}, rtol {rtol:g})"
+        if not m.within_tolerance and not_equivalent:
+            verdict, reason = NOT_COMPARABLE, not_equivalent
+        return ReplayedTensor(**base, **local, verdict=verdict, reason=reason)
+    if exact is None or tuple(exact.shape) != tuple(a.shape):
+        why = oracle_error or "the float64 run gave no such output"
+        verdict = SAME_MATH if m.within_tolerance else NOT_COMPARABLE
+        return ReplayedTensor(**base, **local, verdict=verdict, reason="" if m.within_tolerance else why)
+    view = judge(a, b_cpu, exact)
+    oracle_cols: dict[str, Any] = {"precision_noise": view.precision_noise, "math_diff": view.math_diff,
+                   "noise_budget": view.noise_budget, "factor": view.factor}
+    if m.within_tolerance or (view.same_math and not non_finite):
+        return ReplayedTensor(**base, **local, **oracle_cols, verdict=SAME_MATH,
+                              reason="" if m.within_tolerance else f"{view.factor:.2g}x B's precision noise")
+    if not_equivalent:
+        return ReplayedTensor(**base, **local, **oracle_cols, verdict=NOT_COMPARABLE, reason=not_equivalent)
+    if non_finite and view.same_math:
+        reason = f"{m.nan_mismatch} NaN and {m.inf_mismatch} infinity mismatch(es) against A"
+    else:
+        reason = f"{view.factor:.3g}x the precision noise (same math allows {NOISE_MULTIPLIER:g}x)"
+    return ReplayedTensor(**base, **local, **oracle_cols, verdict=B_DIFFERS, reason=reason)
+
+
+def _call_verdict(rows: list[ReplayedTensor], oracle: bool) -> tuple[str, str]:
+    """The call's verdict: a blaming row first, then ``not comparable``, else the passing verdict."""
+    if not rows:
+        return NOT_COMPARABLE, "A's trace holds no outputs for this call"
+    for verdict in (B_DIFFERS, OUT_OF_TOLERANCE):
+        hits = [r for r in rows if r.verdict == verdict]
+        if hits:
+            worst = max(hits, key=lambda r: -1.0 if r.factor is None or math.isnan(r.factor) else r.factor)
+            return verdict, f"{worst.tensor}: {worst.reason}" if worst.reason else worst.tensor
+    # Some outputs compared fine and others could not be (an eager attention's weights against an sdpa
+    # port's None): the call is judged on what could be compared, and says what could not.
+    apart = [r for r in rows if r.verdict == NOT_COMPARABLE]
+    note = "; ".join(f"{r.tensor} not comparable: {r.reason}" for r in apart[:3])
+    if len(apart) == len(rows):
+        return NOT_COMPARABLE, note
+    return (SAME_MATH if oracle else WITHIN_TOLERANCE), note
+

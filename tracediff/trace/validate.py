@@ -1,0 +1,137 @@
+"""Checking the field types of a trace's JSON tree before it is read, so that a crafted trace is refused in one line.
+
+The reader (:mod:`tracediff.trace.load`) trusts what this module let through:
+every node is an object with a string ``module_path``; ``call_index`` is a
+non-negative integer (or absent); ``module_type`` a string; ``error`` an
+object of strings; ``children``, ``subsequent_calls`` and ``backward`` lists;
+backward entries have an integer ``call_index`` and a ``backward_order`` of
+two integers or nulls; a tensor entry's ``shape`` has at most 64 dimensions of
+at most 18 digits, its ``stats`` is an object whose counts are non-negative
+integers and whose other values are numbers (integers within 64 bits).
+Anything else raises ``TraceFormatError`` naming the file, the node and the
+field. The walk is iterative: the depth of the tree costs no recursion.
+
+A tensor entry's ``value`` that is neither a payload path nor repr lines is
+not refused: :func:`value_problem` says why, and that row is compared on its
+recorded statistics with the reason shown.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from .. import format as fmt
+from ..errors import TraceFormatError
+
+_MAX_DIMS = 64
+_DIM = re.compile(r"\d+")
+_INT64 = 1 << 63
+_MAX_CALL_INDEX = 1 << 31
+
+
+def _int_in(value: Any, low: int, high: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value < high
+
+
+def value_problem(value: Any) -> str | None:
+    """Why a tensor entry's ``value`` cannot be used (None when it is absent, a path, or a list of repr lines)."""
+    if value is None or isinstance(value, str):
+        return None
+    if isinstance(value, list) and all(isinstance(line, str) for line in value):
+        return None
+    kind = {bool: "a boolean", int: "a number", float: "a number", dict: "an object", list: "a list of non-strings"}
+    return (f"the trace's 'value' is {kind.get(type(value), type(value).__name__)}, not a payload path; "
+            "compared on its recorded statistics")
+
+
+class _Checker:
+    def __init__(self, json_path: Path) -> None:
+        self.json_path = json_path
+
+    def fail(self, where: str, problem: str) -> TraceFormatError:
+        return TraceFormatError(f"{self.json_path}: {where}: {problem}")
+
+    def tree(self, tree: dict[str, Any]) -> None:
+        later = tree.get(fmt.SUBSEQUENT_CALLS)
+        if later is not None and not isinstance(later, list):
+            raise self.fail(fmt.SUBSEQUENT_CALLS, f"is {type(later).__name__}; expected a list of nodes")
+        backward = tree.get(fmt.BACKWARD)
+        if backward is not None and not isinstance(backward, list):
+            raise self.fail(fmt.BACKWARD, f"is {type(backward).__name__}; expected a list of nodes")
+        stack: list[tuple[Any, str]] = [(node, "the top") for node in [tree, *(later or [])]]
+        while stack:
+            node, parent = stack.pop()
+            if not isinstance(node, dict) or not isinstance(node.get(fmt.MODULE_PATH), str):
+                raise TraceFormatError(f"{self.json_path}: a child of {parent} is not a node (no 'module_path')")
+            self.node_fields(node)
+            children = node.get(fmt.CHILDREN)
+            if children is not None:
+                if not isinstance(children, list):
+                    raise TraceFormatError(f"{self.json_path}: 'children' of {node[fmt.MODULE_PATH]} is not a list")
+                stack.extend((child, node[fmt.MODULE_PATH]) for child in children)
+            for key in (fmt.INPUTS, fmt.OUTPUTS):
+                self.values(node.get(key), node[fmt.MODULE_PATH])
+        for i, entry in enumerate(backward or []):
+            if not isinstance(entry, dict) or not isinstance(entry.get(fmt.MODULE_PATH), str):
+                raise self.fail(f"backward entry {i}", "is not an object with a string 'module_path'")
+            where = f"backward entry {i} ({entry[fmt.MODULE_PATH]})"
+            if not _int_in(entry.get(fmt.CALL_INDEX, 0), 0, _MAX_CALL_INDEX):
+                raise self.fail(where, f"'call_index' is {entry.get(fmt.CALL_INDEX)!r:.40}; expected a whole number")
+            order = entry.get(fmt.BACKWARD_ORDER)
+            if order is not None and not (isinstance(order, list) and len(order) <= 2
+                                          and all(o is None or _int_in(o, 0, _INT64) for o in order)):
+                raise self.fail(where, f"'backward_order' is {order!r:.40}; expected [arrival, departure] numbers")
+            self.node_fields(entry)
+            for key in (fmt.GRAD_OUTPUTS, fmt.GRAD_INPUTS):
+                self.values(entry.get(key), where)
+
+    def node_fields(self, node: dict[str, Any]) -> None:
+        where = node[fmt.MODULE_PATH]
+        call_index = node.get(fmt.CALL_INDEX)
+        if call_index is not None and not _int_in(call_index, 0, _MAX_CALL_INDEX):
+            raise self.fail(where, f"'call_index' is {call_index!r:.40}; expected a whole number")
+        module_type = node.get(fmt.MODULE_TYPE)
+        if module_type is not None and not isinstance(module_type, str):
+            raise self.fail(where, f"'module_type' is {type(module_type).__name__}; expected a string")
+        error = node.get(fmt.ERROR)
+        if error is not None and not (isinstance(error, dict) and all(isinstance(v, (str, int, type(None)))
+                                                                      for v in error.values())):
+            raise self.fail(where, f"'error' is {type(error).__name__}; expected an object with 'type' and 'message'")
+
+    def values(self, value: Any, where: str) -> None:
+        """Check every tensor entry inside an ``inputs``/``outputs`` value (iteratively)."""
+        stack = [value]
+        while stack:
+            item = stack.pop()
+            if isinstance(item, list):
+                stack.extend(item)
+            elif isinstance(item, dict):
+                if fmt.is_tensor_entry(item):
+                    self.tensor(item, where)
+                elif not fmt.is_typed_value(item):
+                    stack.extend(item.values())
+
+    def tensor(self, entry: dict[str, Any], where: str) -> None:
+        dims = _DIM.findall(entry[fmt.SHAPE])
+        if len(dims) > _MAX_DIMS or any(len(d) > 18 for d in dims):
+            raise self.fail(where, f"tensor shape {entry[fmt.SHAPE]!r:.60} is not a plausible shape")
+        stats = entry.get(fmt.STATS)
+        if stats is None:
+            return
+        if not isinstance(stats, dict):
+            raise self.fail(where, f"tensor 'stats' is {type(stats).__name__}; expected an object of numbers")
+        for key, number in stats.items():
+            if key not in fmt.STAT_KEYS:
+                continue  # a statistic of a newer minor version: ignored by readers
+            if key in fmt.COUNT_STAT_KEYS:
+                if not _int_in(number, 0, _INT64):
+                    raise self.fail(where, f"tensor statistic {key!r} is {number!r:.40}; expected a count")
+            elif isinstance(number, bool) or not (isinstance(number, float) or _int_in(number, -_INT64, _INT64)):
+                raise self.fail(where, f"tensor statistic {key!r:.40} is {number!r:.40}; expected a number")
+
+
+def check_tree(tree: dict[str, Any], json_path: Path) -> None:
+    """Raise ``TraceFormatError`` for the first field of ``tree`` whose type the reader cannot use."""
+    _Checker(json_path).tree(tree)
