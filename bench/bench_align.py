@@ -68,28 +68,33 @@ def warm(folder: Path) -> None:
                 pass
 
 
-def time_align(a: Path, b: Path, repeats: int) -> tuple[float, bool]:
+def time_align(a: Path, b: Path, repeats: int) -> tuple[float, float, bool]:
+    """Median wall seconds and median CPU seconds (all threads) of ``align(a, b)`` in this process."""
     import tracediff
 
     tracediff.align(a, b)  # warm-up
-    times, passed = [], True
+    times, cpu, passed = [], [], True
     for _ in range(repeats):
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         passed = tracediff.align(a, b).passed
         times.append(time.perf_counter() - start)
-    return statistics.median(times), passed
+        cpu.append(time.process_time() - start_cpu)
+    return statistics.median(times), statistics.median(cpu), passed
 
 
 def time_cli(argv: list[str], repeats: int) -> tuple[float, float, int]:
     """Median seconds and the largest peak RSS (MB) of ``argv`` run as a fresh process, and its exit code."""
+    # The peak RSS comes from GNU time: a child forked from this (large) process would report this
+    # process's RSS, which Linux carries across exec into the child's high-water mark.
+    timer = shutil.which("time") or "/usr/bin/time"
     times, peaks, code = [], [], 0
     for _ in range(repeats + 1):  # the first run warms the page cache of the interpreter and libraries
         start = time.perf_counter()
-        child = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        _, status, usage = os.wait4(child.pid, 0)
+        done = subprocess.run([timer, "-f", "%M", *argv], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                              text=True)
         times.append(time.perf_counter() - start)
-        peaks.append(usage.ru_maxrss / 1024)
-        code = os.waitstatus_to_exitcode(status)
+        peaks.append(int(done.stderr.strip().splitlines()[-1]) / 1024)
+        code = done.returncode
     return statistics.median(times[1:]), max(peaks[1:]), code
 
 
@@ -132,11 +137,12 @@ def main() -> None:
     for name in ("ref", "same", "port"):
         warm(here / name)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} cores")
-    print(f"{'pair':<12}{'MB (A+B)':>10}{'median s':>10}{'GB/s':>8}  passed")
+    print(f"load average before: {os.getloadavg()[0]:.2f}")
+    print(f"{'pair':<12}{'MB (A+B)':>10}{'median s':>10}{'GB/s':>8}{'CPU s':>8}  passed")
     for pair in ("same", "port"):
         total = payload_bytes(here / "ref") + payload_bytes(here / pair)
-        seconds, passed = time_align(here / "ref", here / pair, args.repeats)
-        print(f"ref~{pair:<8}{total / 1e6:>10.0f}{seconds:>10.3f}{total / seconds / 1e9:>8.2f}  {passed}")
+        seconds, cpu, passed = time_align(here / "ref", here / pair, args.repeats)
+        print(f"ref~{pair:<8}{total / 1e6:>10.0f}{seconds:>10.3f}{total / seconds / 1e9:>8.2f}{cpu:>8.3f}  {passed}")
 
     if args.cli:
         tool = [sys.executable, "-m", "tracediff"]

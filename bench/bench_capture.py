@@ -68,6 +68,9 @@ PRESETS: dict[str, dict[str, Any]] = {
             "vocab_size": 32000, "layers": 16, "seq_len": 2048},
 }
 SETTINGS: dict[str, Any] = {"preset": "cpu", "device": "cpu", "dtype": "float32"}
+# CPU seconds (all threads of this process) of every run, by configuration, warm-up first: less
+# sensitive to other processes than wall time, though not what a user waits for.
+CPU_SECONDS: dict[str, list[float]] = {}
 
 
 def _sync() -> None:
@@ -106,7 +109,7 @@ CONFIGS: dict[str, tuple[str, Context | None]] = {
     "hf_pruned": ("transformers debugger, use_repr=False, do_prune_layers=True (its default)", _hf(False, True)),
     "hf_repr": ("transformers debugger, use_repr=True, do_prune_layers=False", _hf(True, False)),
     "full": ('tracediff.capture(tensors="full")', _native("full")),
-    "full_sync": ('tracediff.capture(tensors="full", writers=0): payloads written in the hook', _native("full", writers=0)),
+    "full_sync": ('tracediff.capture(tensors="full", writers=0): written in the hook', _native("full", writers=0)),
     "full_w1": ('tracediff.capture(tensors="full", writers=1)', _native("full", writers=1)),
     "full_w2": ('tracediff.capture(tensors="full", writers=2)', _native("full", writers=2)),
     "summary": ('tracediff.capture(tensors="summary")', _native("summary")),
@@ -148,7 +151,7 @@ def run_once(name: str, model: torch.nn.Module, input_ids: torch.Tensor, root: P
     with fresh_dir(root) as out:
         gc.collect()
         _sync()
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         with torch.no_grad():
             if context is None:
                 model(input_ids)
@@ -157,6 +160,7 @@ def run_once(name: str, model: torch.nn.Module, input_ids: torch.Tensor, root: P
                     model(input_ids)
         _sync()
         seconds = time.perf_counter() - start
+        CPU_SECONDS.setdefault(name, []).append(time.process_time() - start_cpu)
         written, files = disk_usage(out)
     torch.set_printoptions(profile="default")  # transformers' debugger leaves sci_mode on
     return seconds, written, files
@@ -347,7 +351,11 @@ def render(results: dict[str, dict[str, Any]], memory: dict[str, dict[str, Any]]
         mem = memory.get(name, {})
         label = result.get("label") or CONFIGS[name][0]
         spread = f"{min(result['seconds']):.3f}-{max(result['seconds']):.3f}"
-        rows.append([name, label, f"{result['median']:.3f}", spread, f"{result['median'] / plain:.2f}x",
+        cpu = CPU_SECONDS.get(name, [])[1:]  # without the warm-up
+        plain_cpu = CPU_SECONDS.get("plain", [])[1:]
+        cpu_cell = (f"{statistics.median(cpu):.3f} ({statistics.median(cpu) / statistics.median(plain_cpu):.2f}x)"
+                    if cpu and plain_cpu else "")
+        rows.append([name, label, f"{result['median']:.3f}", spread, f"{result['median'] / plain:.2f}x", cpu_cell,
                      f"{result['bytes'] / 1e6:.1f}", result["files"],
                      f"{mem['peak_rss_mib']:.0f}" if mem else "",
                      f"+{mem['peak_rss_mib'] - mem['rss_before_mib']:.0f}" if mem else ""])
@@ -356,7 +364,8 @@ def render(results: dict[str, dict[str, Any]], memory: dict[str, dict[str, Any]]
         lines.append(f"WARNING: other processes kept {facts['other_processes_cpus']} CPUs busy during the timing; "
                      "torch's thread pool stalls under contention, so these figures are unreliable")
     lines += ["",
-             tabulate(rows, headers=["config", "what", "median s", "min-max s", "vs plain", "MB written", "files",
+             tabulate(rows, headers=["config", "what", "median s", "min-max s", "vs plain", "CPU s (vs plain)",
+                                     "MB written", "files",
                                      "peak RSS MiB", "peak - RSS before run"], disable_numparse=True)]
     full, summary = results.get("full"), results.get("summary")
     if full:

@@ -4,8 +4,8 @@
     python bench/bench_startup.py --runs 30
 
 Each command runs as a fresh process, as a user would start it: the console
-script found on PATH (under pyenv this is a shell shim that execs pyenv, so
-both the shim and the script it resolves to are timed), and
+script found on PATH, the pyenv shim when there is one (a shell script that
+runs pyenv to find the script: what a user's shell runs), and
 ``python -m tracediff``. ``python -c pass`` is the floor: the interpreter
 alone. Wall time per run with ``time.perf_counter`` around ``subprocess.run``,
 and the child's CPU time (user + system, from ``getrusage``), which a busy
@@ -44,17 +44,16 @@ def _time(argv: list[str], runs: int) -> tuple[float, float, float]:
 def _commands() -> list[tuple[str, list[str]]]:
     py = sys.executable
     out = [("python -c pass (floor)", [py, "-c", "pass"])]
+    scripts = []
     script = shutil.which("tracediff")
-    resolved = None
     if script:
-        out.append(("tracediff --version (PATH)", [script, "--version"]))
-        out.append(("tracediff align --help (PATH)", [script, "align", "--help"]))
-        pyenv = shutil.which("pyenv")
-        if "shims" in script and pyenv:
-            resolved = subprocess.run([pyenv, "which", "tracediff"], capture_output=True, text=True).stdout.strip()
-    if resolved:
-        out.append(("tracediff --version (script, no shim)", [resolved, "--version"]))
-        out.append(("tracediff align --help (script, no shim)", [resolved, "align", "--help"]))
+        scripts.append(("script", script))
+    shim = os.path.join(os.environ.get("PYENV_ROOT", os.path.expanduser("~/.pyenv")), "shims", "tracediff")
+    if os.path.exists(shim) and shim != script:
+        scripts.append(("pyenv shim", shim))
+    for label, path in scripts:
+        out.append((f"tracediff --version ({label})", [path, "--version"]))
+        out.append((f"tracediff align --help ({label})", [path, "align", "--help"]))
     out.append(("python -m tracediff --version", [py, "-m", "tracediff", "--version"]))
     out.append(("python -m tracediff align --help", [py, "-m", "tracediff", "align", "--help"]))
     return out

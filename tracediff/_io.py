@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._json_text import json_text, json_text_pair
 from .errors import OutputDirError, PayloadError, UnsafePathError
+from .format import PAYLOAD_KEY
 
 if TYPE_CHECKING:
     import torch
@@ -84,7 +85,7 @@ def write_tensor_file(path: str | os.PathLike[str], tensor: torch.Tensor) -> int
         raise PayloadError(f"{path}: dtype {tensor.dtype} cannot be stored in safetensors")
     data = tensor_bytes(tensor)
     header = json.dumps(
-        {"data": {"dtype": code, "shape": list(tensor.shape), "data_offsets": [0, data.nbytes]}},
+        {PAYLOAD_KEY: {"dtype": code, "shape": list(tensor.shape), "data_offsets": [0, data.nbytes]}},
         separators=(",", ":"),
     ).encode()
     header += b" " * (-len(header) % 8)
@@ -252,7 +253,7 @@ def _encodable(text: str) -> bool:
     return True
 
 
-def read_tensor_file(path: Path, key: str = "data") -> torch.Tensor:
+def read_tensor_file(path: Path, key: str = PAYLOAD_KEY) -> torch.Tensor:
     """Read one tensor from a safetensors file through ``safe_open`` (memory-mapped, no pickle)."""
     from safetensors import SafetensorError, safe_open
 

@@ -154,6 +154,15 @@ def parse_json(data: bytes | str, *, path: Path, error: type[TracediffError] = T
 
 def read_json_file(path: Path, *, limit: int = SMALL_JSON_LIMIT, root: Path | None = None,
                    error: type[TracediffError] = TraceFormatError, what: str = "file") -> Any:
-    """``read_bounded`` then ``parse_json``: a JSON file from a trace or run folder, defensively."""
-    return parse_json(read_bounded(path, limit=limit, root=root, error=error, what=what),
-                      path=path, error=error, what=what)
+    """``read_bounded`` then ``parse_json``: a JSON file from a trace or run folder, defensively.
+
+    The bytes are decoded and dropped before parsing, so that a large file is
+    held once as text while its objects are built, not also as bytes.
+    """
+    data = read_bounded(path, limit=limit, root=root, error=error, what=what)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise error(f"{path}: the {what} is not UTF-8 text, so not JSON") from None
+    del data
+    return parse_json(text, path=path, error=error, what=what)

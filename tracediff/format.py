@@ -273,11 +273,6 @@ def is_tensor_entry(obj: Any) -> bool:
             and PY_TYPE not in obj)
 
 
-def has_payload_value(obj: Any) -> bool:
-    """True for a tensor entry that carries ``value`` (what a SUMMARY file leaves out)."""
-    return VALUE in obj and is_tensor_entry(obj)
-
-
 # --- typed non-tensor values ---------------------------------------------------------------------------------
 
 

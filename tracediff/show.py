@@ -99,6 +99,8 @@ class NodeView:
     error: str | None
     context: bool = False
     phase: str = "forward"
+    #: An op node (op-level capture): the qualified op name; ``module_path`` is the enclosing call's.
+    op: str | None = None
 
     @property
     def nonfinite(self) -> bool:
@@ -111,7 +113,7 @@ class NodeView:
             "phase": self.phase, "context": self.context, "error": self.error, "nonfinite": self.nonfinite,
             "values": {slot: text for slot, text in self.values},
             "tensors": [t.to_dict() for t in self.tensors],
-        }
+        } | ({"op": self.op} if self.op is not None else {})
 
 
 @dataclass(frozen=True)
@@ -195,10 +197,11 @@ def show_trace(path_or_trace: str | Path | Trace, *, path: str | None = None, de
         raise UsageError(f"depth={depth}: expected 0 or more levels")
     trace = path_or_trace if isinstance(path_or_trace, Trace) else load_trace(path_or_trace)
     every = trace.nodes()
+    listed = _with_ops(every)  # op nodes (op-level capture) in call order under their module call
     if path is None:
-        shown = [_view(node, context=False) for node in every if depth is None or _tree_depth(node) <= depth]
+        shown = [_view(node, context=False) for node in listed if depth is None or _tree_depth(node) <= depth]
     else:
-        shown = _filtered(trace, every, path, depth)
+        shown = _filtered(trace, listed, path, depth)
     complete = trace.metadata.get("complete") if trace.producer == "tracediff" else None
     return TraceView(
         trace=str(trace.directory), json_file=str(trace.json_path), model_name=trace.model_name,
@@ -206,6 +209,15 @@ def show_trace(path_or_trace: str | Path | Trace, *, path: str | None = None, de
         complete=complete if isinstance(complete, bool) else None, total_calls=len(every),
         nodes=tuple(shown), path=path, depth=depth, incomplete_reason=trace.incomplete_reason,
     )
+
+
+def _with_ops(nodes: list[Node]) -> list[Node]:
+    """``nodes`` with each call's op nodes placed among its children, in the order the calls and ops started."""
+    if not any(node.ops for node in nodes):
+        return nodes
+    forward = [n for n in nodes if n.phase == "forward"]
+    merged = sorted(forward + [op for n in forward for op in n.ops], key=lambda n: n.enter_order)
+    return merged + [n for n in nodes if n.phase != "forward"]
 
 
 def _tree_depth(node: Node) -> int:
@@ -254,7 +266,9 @@ def _filtered(trace: Trace, every: list[Node], pattern: str, depth: int | None) 
 def _view(node: Node, *, context: bool) -> NodeView:
     parent = node.parent
     phase = getattr(node, "phase", "forward")
-    if parent is None:
+    if node.op is not None:
+        name = f"#{node.op_index} {node.op}"
+    elif parent is None:
         name = node.module_path
     elif node.module_path.startswith(parent.module_path + "."):
         name = node.module_path[len(parent.module_path) + 1:]
@@ -265,10 +279,10 @@ def _view(node: Node, *, context: bool) -> NodeView:
         error = f"{node.error.get('type', 'error')}: {node.error.get('message', '')}".rstrip(": ")
     return NodeView(
         module_path=node.module_path, relative_path=node.relative_path, name=name, call_index=node.call_index,
-        module_type=node.module_type, depth=node.depth,
+        module_type=node.module_type if node.op is None else None, depth=node.depth,
         tensors=() if context else tuple(_tensor_view(record) for record in node.tensors),
         values=() if context else tuple((slot, _value_text(value)) for slot, value in node.values.items()),
-        error=error, context=context, phase=phase,
+        error=error, context=context, phase=phase, op=node.op,
     )
 
 

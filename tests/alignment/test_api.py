@@ -144,6 +144,16 @@ def test_every_error_is_also_the_matching_builtin(name: str, builtin: type) -> N
         raise error
 
 
+def test_every_error_class_is_a_builtin_too() -> None:
+    """Also the classes added later: each subclass of TracediffError is a ValueError or an OSError."""
+    from tracediff import errors
+
+    for name in errors.__all__:
+        cls = getattr(errors, name)
+        if cls is not errors.TracediffError:
+            assert issubclass(cls, (ValueError, OSError)), name
+
+
 def test_a_missing_trace_is_caught_as_a_value_error(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=str(tmp_path / "nowhere")):
         tracediff.align(tmp_path / "nowhere", tmp_path / "nowhere")

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from tests.alignment.helpers import INPUT_IDS, capture, llama, perturb, ref_model, renamed_port, run_cli, toy_input
-from tests.alignment.research_models import RESEARCH_MAP, HEAD_DIM, from_llama
+from tests.alignment.research_models import HEAD_DIM, RESEARCH_MAP, from_llama
 from tracediff import UsageError, align, load_trace
 
 IDS = {"input_ids": INPUT_IDS}

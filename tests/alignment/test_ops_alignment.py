@@ -125,3 +125,20 @@ def test_two_step_recipe_zooms_into_the_diverging_module(tmp_path: Path, capsys:
         "torch.Tensor.mul", ATTN)
     assert {row["module_path_b"] for row in report["rows"] if row["op"]} == {
         ATTN, *(f"{ATTN}.{p}_proj" for p in "qkvo")}
+
+
+def test_reports_name_the_op(reference_trace: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    port = _capture(ops_models.port("scale"), tmp_path / "port", ops=True)
+    result = tracediff.align(reference_trace, port)
+    first = result.first_divergence
+    assert first is not None
+    html = result.to_html()
+    # each module's ops sit in a collapsed group; only the group holding the first divergence is open
+    assert html.count('<details open class="ops') == 1
+    assert html.count('class="ops') == len({(r.module_path_b) for r in result.rows if r.op is not None})
+    assert f'title="{ATTN} torch.Tensor.mul #{first.op_index}"' in html
+    assert f"torch.Tensor.mul #{first.op_index} inside {ATTN}" in html
+    assert main(["align", str(reference_trace), str(port)]) == 1
+    text = capsys.readouterr().out
+    assert f"FIRST DIVERGENCE (introduced): torch.Tensor.mul #{first.op_index} inside {ATTN} outputs:" in text
+    assert f"Tensor.mul #{first.op_index} outputs" in text  # the table's tensor column

@@ -51,7 +51,7 @@ def test_first_divergence_is_the_earliest_row_out_of_tolerance(buggy: Alignment)
     assert min(row.order for row in diverged) == buggy.first_divergence.order
     table = buggy.table
     assert table[table["within_tolerance"] == False]["order"].min() == buggy.first_divergence.order  # noqa: E712
-    assert not buggy and bool(buggy.rows[0]) and not buggy.first_divergence
+    assert not buggy and buggy.rows[0].passed and buggy.first_divergence and not buggy.first_divergence.passed
 
 
 def test_input_error_amplification_and_origin(buggy: Alignment) -> None:

@@ -230,3 +230,21 @@ def test_cli_ops_options(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert code == 2 and captured.out == ""
     assert captured.err == ("tracediff capture: error: ops_in pattern 'secnd' matches no module of Net; "
                             "did you mean second?\n")
+
+
+def test_show_lists_ops_under_their_module_call(tmp_path: Path) -> None:
+    from tracediff.render.tree import render_tree
+    from tracediff.show import show_trace
+
+    model, x = Block().eval(), torch.randn(3, 4)
+    with tracediff.capture(model, tmp_path, ops=True):
+        model(x)
+    view = show_trace(tmp_path)
+    assert [(n.name, n.depth, n.op) for n in view.nodes] == [
+        ("Block", 0, None), ("a", 1, None), ("#0 torch.nn.functional.linear", 2, "torch.nn.functional.linear"),
+        ("#0 torch.relu", 1, "torch.relu"), ("#1 torch.Tensor.mul", 1, "torch.Tensor.mul"), ("b", 1, None),
+        ("#0 torch.nn.functional.linear", 2, "torch.nn.functional.linear"),
+        ("#2 torch.Tensor.add", 1, "torch.Tensor.add"),
+        ("#3 torch.nn.functional.softmax", 1, "torch.nn.functional.softmax")]
+    assert "; 3 calls and 6 ops" in render_tree(view).splitlines()[0]
+    assert view.nodes[4].to_dict()["op"] == "torch.Tensor.mul" and "op" not in view.nodes[0].to_dict()

@@ -16,9 +16,9 @@ from torch import nn
 import tracediff
 from tests.capturing.helpers import files, find, metadata, payload, trace_json
 from tests.models import SharedLoop, seeded, tiny_llama, toy_input
+from tracediff._io import read_tensor_file
 from tracediff.capturing import pipeline as pipeline_module
 from tracediff.capturing.pipeline import HostPool, PayloadPipeline
-from tracediff._io import read_tensor_file
 from tracediff.errors import OutputDirError, UsageError
 
 

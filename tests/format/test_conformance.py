@@ -41,7 +41,7 @@ def test_native_capture_of_llama_conforms(tmp_path: Path, tensors: str) -> None:
 
 
 def test_every_value_kind_repeated_calls_and_later_top_level_calls_conform(tmp_path: Path) -> None:
-    for i, kind in enumerate(OutputKinds.KINDS):
+    for kind in OutputKinds.KINDS:
         model = seeded(OutputKinds, kind)
         with tracediff.capture(model, tmp_path / kind):
             model(toy_input())
@@ -111,3 +111,19 @@ def test_the_schema_rejects_what_the_specification_forbids() -> None:
     ]
     for case in bad:
         assert problems(case, "trace"), case
+
+
+def test_the_specification_s_hand_written_trace_is_read_validated_and_aligned(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The example of docs/trace-format.md, section 11, written without tracediff, is a valid trace."""
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "trace-format.md").read_text()
+    section = doc.split("## 11.", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "trace").mkdir()
+    monkeypatch.chdir(tmp_path)
+    exec(compile(code, "trace-format.md", "exec"), {})  # noqa: S102 - our own documentation's example
+    assert check_folder(tmp_path / "trace") == 3
+    trace = tracediff.load_trace(tmp_path / "trace")
+    assert [n.module_path for n in trace.nodes()] == ["M", "M.proj"]
+    assert tracediff.align(tmp_path / "trace", tmp_path / "trace").passed

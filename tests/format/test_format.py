@@ -57,7 +57,6 @@ def test_a_keyword_argument_named_value_stays_in_the_summary_file(tmp_path: Path
     trace = tracediff.load_trace(next(tmp_path.glob(f"*{fmt.SUMMARY_SUFFIX}")))
     (node,) = [n for n in trace.nodes() if n.module_path == "CallsAttention.attn"]
     assert [r.slot for r in node.tensors] == ["inputs.args.0", "inputs.kwargs.value", "outputs"]
-    assert node.values == {"inputs.kwargs.scale": 0.5} or "inputs.kwargs.scale" not in node.values
 
 
 def test_the_drop_in_strips_every_value_key_as_transformers_does(tmp_path: Path) -> None:
@@ -95,7 +94,9 @@ def test_a_newer_major_version_is_refused_with_a_clear_message(tmp_path: Path) -
         tracediff.load_trace(tmp_path)
 
 
-def test_the_cli_refuses_a_newer_major_version_with_exit_code_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_cli_refuses_a_newer_major_version_with_exit_code_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from tracediff.cli.main import main
 
     model = seeded(CallsAttention)

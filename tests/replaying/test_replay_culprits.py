@@ -79,11 +79,16 @@ def test_without_the_oracle_the_tolerance_decides(llama_ref):  # type: ignore[no
 
 def test_a_bug_between_submodule_calls_names_the_parent(capture_ref):  # type: ignore[no-untyped-def]
     ref = capture_ref("net", ports.net, ports.toy_input())
-    result = tracediff.replay(ports.net(ports.LeakyResidualBlock), ref)
+    result = tracediff.replay(ports.net(ports.LeakyResidualBlock), ref, patch=True)
     assert [c.module_path_b for c in result.culprits] == ["Net.blocks.1"]
+    assert result.culprits[0].patch_effect == pytest.approx(100.0)  # the only bug: all the final error
     children = [c for c in result.modules if c.module_path_b.startswith("Net.blocks.1.")]
     assert children and all(c.verdict == "same math" for c in children)
     assert [c.module_path_b for c in result.modules if c.explained_by] == ["Net"]
+    assert repr(result) == "<Replay 1 culprit(s): 12 calls replayed, 0 skipped, oracle on>"
+    assert "DIVERGED" in result._repr_html_() and "Net.blocks.1 call 0: B differs" in result._repr_html_()
+    table = result.table
+    assert len(table) == 12 and table.loc[table.culprit, "module_path_b"].tolist() == ["Net.blocks.1"]
 
 
 def test_gpt2_port_with_a_scaled_conv1d_names_it(capture_ref):  # type: ignore[no-untyped-def]

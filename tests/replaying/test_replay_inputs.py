@@ -105,3 +105,13 @@ def test_the_model_keeps_its_training_mode(capture_ref):  # type: ignore[no-unty
     model = ports.net().train()
     tracediff.replay(model, ref, oracle=False)
     assert all(m.training for m in model.modules())
+
+
+def test_later_top_level_calls_are_reported(tmp_path: Path) -> None:
+    model = ports.net()
+    with torch.no_grad(), tracediff.capture(model, tmp_path / "ref"):
+        model(ports.toy_input())
+        model(ports.toy_input())
+    result = tracediff.replay(ports.net(), tmp_path / "ref")
+    assert result.passed and len(result.modules) == 12
+    assert result.warnings == ("A's trace holds 1 later top-level call(s) of the model; only the first is replayed",)

@@ -74,9 +74,8 @@ def _capture(script: Path, function: str, out: Path) -> subprocess.CompletedProc
 
 def test_a_sigkilled_capture_leaves_a_trace_that_show_and_align_read_as_incomplete(
         script: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    done = _capture(script, "fine", tmp_path / "fine")
-    assert done.returncode == 0, done.stderr
-    killed = _capture(script, "killed", tmp_path / "killed")
+    assert cli(["capture", f"{script}:fine", "--out", str(tmp_path / "fine")], capsys)[0] == 0
+    killed = _capture(script, "killed", tmp_path / "killed")  # the only subprocess: it dies for real
     assert killed.returncode == -signal.SIGKILL
     folder = tmp_path / "killed"
     assert (folder / "tracediff_journal.jsonl").is_file() and not list(folder.glob("*_debug_tree_*.json"))
@@ -99,24 +98,27 @@ def test_a_sigkilled_capture_leaves_a_trace_that_show_and_align_read_as_incomple
     assert tracediff.align(tmp_path / "fine", folder, allow_incomplete=True).passed
 
 
-def test_sigterm_writes_the_partial_trace_like_ctrl_c(script: Path, tmp_path: Path) -> None:
+def test_sigterm_writes_the_partial_trace_like_ctrl_c(script: Path, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
     folder = tmp_path / "terminated"
-    done = _capture(script, "terminated", folder)
-    assert done.returncode == 128 + signal.SIGTERM
-    assert done.stderr == (f"tracediff capture: interrupted by received SIGTERM; the partial trace (marked incomplete) "
-                           f"is in {folder}\n")
+    code, _, err = cli(["capture", f"{script}:terminated", "--out", str(folder)], capsys)
+    assert code == 128 + signal.SIGTERM
+    assert err == (f"tracediff capture: interrupted by received SIGTERM; the partial trace (marked incomplete) "
+                   f"is in {folder}\n")
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler is removed again
     meta = json.loads((folder / "tracediff_metadata.json").read_text())
     assert meta["complete"] is False and meta["error"]["type"] == "CaptureTerminated"
     assert not (folder / "tracediff_journal.jsonl").exists() and not (folder / ".tracediff.lock").exists()
     assert tracediff.load_trace(folder).incomplete_reason.startswith("the forward raised CaptureTerminated")
 
 
-def test_a_model_calling_sys_exit_is_reported_with_the_partial_trace(script: Path, tmp_path: Path) -> None:
+def test_a_model_calling_sys_exit_is_reported_with_the_partial_trace(script: Path, tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
     folder = tmp_path / "exits"
-    done = _capture(script, "exits", folder)
-    assert done.returncode == 2
-    assert done.stderr == (f"tracediff capture: error: {script}:exits: the forward raised SystemExit(7) in Dies "
-                           f"(call 0): 7; the partial trace is in {folder}\n")
+    code, _, err = cli(["capture", f"{script}:exits", "--out", str(folder)], capsys)
+    assert code == 2
+    assert err == (f"tracediff capture: error: {script}:exits: the forward raised SystemExit(7) in Dies "
+                   f"(call 0): 7; the partial trace is in {folder}\n")
 
 
 def test_an_incomplete_trace_never_passes_silently(tmp_path: Path, small_trace: Path) -> None:
@@ -171,18 +173,16 @@ def test_overwrite_removes_only_the_files_the_earlier_trace_lists(tmp_path: Path
     assert earlier - left == {p for p in earlier if p.endswith(".safetensors")}
 
 
-def test_save_inputs_inside_the_output_folder_is_kept(script: Path, tmp_path: Path) -> None:
+def test_save_inputs_inside_the_output_folder_is_kept(script: Path, tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "out"
-    done = subprocess.run([sys.executable, "-m", "tracediff", "capture", f"{script}:fine", "--out", str(out),
-                           "--save-inputs", str(out / "inputs.safetensors")], capture_output=True, text=True,
-                          timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert (out / "inputs.safetensors").is_file()
-    done = subprocess.run([sys.executable, "-m", "tracediff", "capture", f"{script}:fine", "--out", str(out),
-                           "--inputs", str(out / "inputs.safetensors"), "--overwrite"], capture_output=True, text=True,
-                          timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert (out / "inputs.safetensors").is_file()
+    inputs = out / "inputs.safetensors"
+    assert cli(["capture", f"{script}:fine", "--out", str(out), "--save-inputs", str(inputs)], capsys)[0] == 0
+    assert inputs.is_file()
+    code, _, err = cli(["capture", f"{script}:fine", "--out", str(out), "--inputs", str(inputs), "--overwrite"],
+                       capsys)
+    assert code == 0, err
+    assert inputs.is_file()
 
 
 def test_inputs_that_are_not_regular_files_are_named_as_such(script: Path, tmp_path: Path,

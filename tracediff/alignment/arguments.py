@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-
 from .._repr import sanitize_repr
 from ..trace.model import Node, ReprValue
 from .result import ArgumentDiff

@@ -33,10 +33,10 @@ from __future__ import annotations
 import math
 import os
 import sys
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -48,14 +48,14 @@ from ..trace.load import Trace, load_trace
 from ..trace.model import Node, TensorRecord
 from .arguments import diff_arguments
 from .compare import compare_records
-from .pairing import plan_pairs
+from .noise import DEFAULT_NOISE_FACTOR
 from .ops import annotate_op_rows, pair_ops
+from .pairing import plan_pairs
 from .rename_map import RenameSpec, rename_rules
 from .result import Alignment, TensorComparison
 from .slots import slot_rules
-from .unrecorded import mark_unrecorded_origin
-from .noise import DEFAULT_NOISE_FACTOR
 from .tolerance import Tolerance, TolerancePolicy
+from .unrecorded import mark_unrecorded_origin
 from .verdicts import check_ignore, judge
 
 TraceLike = str | Path | Trace

@@ -93,7 +93,9 @@ def check_rename(rules: Any, *, source: str = "rename") -> RenameRules:
 
 def apply_rename(path: str, rules: RenameRules) -> str:
     for pattern, replacement in rules:
-        path = compiled(pattern).sub(replacement, path)  # compiled once per pattern (rename_safety.py)
+        regex = compiled(pattern)  # compiled once per pattern (rename_safety.py)
+        if regex.search(path) is not None:  # sub() parses its template first, through a cache of 512 only
+            path = regex.sub(replacement, path)
     return path
 
 
@@ -132,9 +134,15 @@ def match_nodes(a: Trace, b: Trace, rename: RenameRules, match: str = "auto") ->
         paired_a, paired_b = {id(x) for x, _ in pairs}, {id(y) for _, y in pairs}
         rest_a = [n for n in nodes_a if id(n) not in paired_a and n.phase == "forward" and not explained_a(n)]
         rest_b = [n for n in nodes_b if id(n) not in paired_b and n.phase == "forward" and not explained_b(n)]
-        found = _scoped_structural_pairs(rest_a, rest_b, pairs)
-        pairs += found
-        methods += ["structure"] * len(found)
+        for _ in range(8):  # each round may pair parents, which scopes their children for the next
+            found = _scoped_structural_pairs(rest_a, rest_b, pairs)
+            if not found:
+                break
+            pairs += found
+            methods += ["structure"] * len(found)
+            done_a, done_b = {id(x) for x, _ in found}, {id(y) for _, y in found}
+            rest_a = [n for n in rest_a if id(n) not in done_a]
+            rest_b = [n for n in rest_b if id(n) not in done_b]
         pairs, methods = _with_backward(pairs, methods, nodes_a, nodes_b)
     structural = match == "structure" or (named == 0 and any(m == "structure" for m in methods))
     paired_a, paired_b = {id(x) for x, _ in pairs}, {id(y) for _, y in pairs}

@@ -20,7 +20,8 @@ module, same call), in two passes:
    the closest candidate of that shape, so that the first output of A that B
    no longer reproduces becomes a diverged row. Outputs with no candidate of
    their shape (``matmul``'s attention scores, which ``sdpa`` never
-   materializes) are listed as unmatched, never as errors.
+   materializes) are listed as unmatched, never as errors. At most
+   ``VALUE_COMPARISONS`` payload pairs are compared per stretch.
 
 Rows of ops carry ``op`` and ``op_index`` (B's), the enclosing module's paths
 and call indices, ``matched_by="value"`` when paired by value, and then
@@ -47,6 +48,9 @@ from .result import ArgumentDiff, TensorComparison, Unmatched
 from .tolerance import TolerancePolicy
 
 Job = tuple[Node, TensorRecord, Node, TensorRecord]
+#: At most this many payload comparisons when pairing one stretch by value (two unrelated op sequences
+#: of a few hundred same-shaped ops would otherwise compare every pair); past it, only the last-output rule pairs.
+VALUE_COMPARISONS = 1024
 
 
 @dataclass
@@ -141,10 +145,13 @@ def _pair_by_value(trace_a: Trace, trace_b: Trace, left_a: list[Node], left_b: l
     outputs_b = [(op, r) for op in left_b for r in op.outputs()]
     paired: list[tuple[int, int]] = []
     taken_b: set[int] = set()
+    budget = VALUE_COMPARISONS
     for ia, (op_a, ra) in enumerate(outputs_a):
         for ib, (op_b, rb) in enumerate(outputs_b):
-            if ib not in taken_b and _shape_compatible(ra, rb) and _agrees(trace_a, ra, op_a, trace_b, rb, op_b,
-                                                                            policy):
+            if ib in taken_b or not _shape_compatible(ra, rb) or budget <= 0:
+                continue
+            budget -= 1
+            if _agrees(trace_a, ra, op_a, trace_b, rb, op_b, policy):
                 paired.append((ia, ib))
                 taken_b.add(ib)
                 break

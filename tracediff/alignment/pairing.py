@@ -40,7 +40,6 @@ class Plan:
     layout_nodes: list[tuple[Node, Node]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     suggested: RenameRules = field(default_factory=list)
-    layout_rules: list[list[str]] = field(default_factory=list)
 
     @property
     def unrecorded_a(self) -> tuple[str, ...]:
@@ -103,7 +102,6 @@ def plan_pairs(trace_a: Trace, trace_b: Trace, rules: RenameRules, *, match: str
     plan.warnings = _coverage_warnings(matching, trace_b, match)
     if any(m == "structure" for m in matching.methods) or plan.layout_nodes:
         plan.suggested = suggest_rules(matching.pairs)
-        plan.layout_rules = _layout_rules(plan.layout_nodes)
     return plan
 
 
@@ -127,20 +125,3 @@ def _coverage_warnings(matching: Matching, trace_b: Trace, match: str) -> list[s
     more = f"; {by_structure} more paired by structure" if by_structure else ""
     return [f"only {by_names} of {len(forward_b)} module calls of B matched by name or rename map{more}. "
             "Check the pairs (matched_by column) and the suggested rename map (--suggest-map FILE)"]
-
-
-def _layout_rules(pairs: list[tuple[Node, Node]]) -> list[list[str]]:
-    """The fused pairings found, with layer numbers generalized: ``[a_path_regex, b_path]`` per distinct one."""
-    import re
-
-    out: list[list[str]] = []
-    for node_a, node_b in pairs:
-        if node_a.relative_path == node_b.relative_path:
-            continue
-        pattern = "^" + re.sub(r"\\\.(\d+)(?=\\\.|$)", r"\\.(\\d+)", re.escape(node_a.relative_path)) + "$"
-        counter = iter(range(1, 100))
-        replacement = re.sub(r"(?<=\.)\d+(?=\.|$)", lambda _m: f"\\{next(counter)}", node_b.relative_path)
-        rule = [pattern, replacement]
-        if rule not in out:
-            out.append(rule)
-    return out

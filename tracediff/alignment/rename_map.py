@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Any, Union
+from typing import Any
 
 from ..errors import UsageError
 from .matching import RenameRules, check_rename, load_rename_file
 
-RenameSpec = Union[RenameRules, list[list[str]], Mapping[str, Any], str, os.PathLike, None]
+RenameSpec = RenameRules | list[list[str]] | Mapping[str, Any] | str | os.PathLike[str] | None
 """A list of ``(regex, replacement)`` rules, a ``{"rename": [...]}`` mapping, or a path to a JSON map file."""
 
 

@@ -61,7 +61,7 @@ def _has_variable_repeat(parsed: Any) -> bool:
                 continue  # possessive and atomic: no backtracking into them
             if op in _REPEATS:
                 low, high, sub = av
-                if high > low:  # a variable count: (a{1,3})+ splits a run of a's exponentially many ways too
+                if high > low and high > 1:  # a variable count: (a{1,3})+ splits a run of a's many ways too
                     return True
                 stack.append(sub)
             elif op == "SUBPATTERN":

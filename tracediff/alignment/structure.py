@@ -35,28 +35,27 @@ def structural_pairs(nodes_a: list[Node], nodes_b: list[Node]) -> list[tuple[Nod
     sig_a = [signature(n) for n in nodes_a]
     sig_b = [signature(n) for n in nodes_b]
     matcher = difflib.SequenceMatcher(None, sig_a, sig_b, autojunk=False)
-    pairs: list[tuple[Node, Node]] = []
-    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
-        if tag == "equal":
-            pairs.extend((nodes_a[i1 + k], nodes_b[j1 + k]) for k in range(i2 - i1))
-        elif tag == "replace":
-            pairs.extend(_scored_pairs(nodes_a[i1:i2], nodes_b[j1:j2]))
-    return pairs
+    partner: dict[int, int] = {}
+    for block in matcher.get_matching_blocks():
+        partner.update({block.a + k: block.b + k for k in range(block.size)})
+    _fill_gaps(nodes_a, nodes_b, partner)
+    return [(nodes_a[i], nodes_b[j]) for i, j in sorted(partner.items())]
 
 
-def _scored_pairs(run_a: list[Node], run_b: list[Node]) -> list[tuple[Node, Node]]:
-    """Within a differing run, pair calls of the same type and output shapes, in order, best score first."""
-    pairs: list[tuple[Node, Node]] = []
-    start = 0
-    for node_a in run_a:
-        scored = [(_score(node_a, run_b[j], j - start), j) for j in range(start, len(run_b))]
-        scored = [(score, j) for score, j in scored if score > 0]
-        if not scored:
+def _fill_gaps(nodes_a: list[Node], nodes_b: list[Node], partner: dict[int, int]) -> None:
+    """Pair the calls left between two aligned runs with the best-scoring call in the same gap of B."""
+    taken = set(partner.values())
+    for i in range(len(nodes_a)):
+        if i in partner:
             continue
-        _, best = max(scored, key=lambda item: (item[0], -item[1]))
-        pairs.append((node_a, run_b[best]))
-        start = best + 1
-    return pairs
+        low = max((partner[k] for k in partner if k < i), default=-1)
+        high = min((partner[k] for k in partner if k > i), default=len(nodes_b))
+        scored = [(_score(nodes_a[i], nodes_b[j], j - low), j) for j in range(low + 1, high) if j not in taken]
+        scored = [(score, j) for score, j in scored if score > 0]
+        if scored:
+            _, best = max(scored, key=lambda item: (item[0], -item[1]))
+            partner[i] = best
+            taken.add(best)
 
 
 def _score(a: Node, b: Node, distance: int) -> float:

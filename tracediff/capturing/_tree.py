@@ -54,7 +54,7 @@ def without_values(tree: Node) -> Node:
     transformers' debugger strips the key from every dict, so a keyword
     argument named ``value`` disappears from its SUMMARY file too; the drop-in
     does the same to stay byte-identical. tracediff's own traces strip tensor
-    entries only (``format.has_payload_value``).
+    entries only (``format.is_tensor_entry``).
     """
     out = copy.deepcopy(tree)
     _strip_values(out)

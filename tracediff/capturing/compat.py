@@ -35,11 +35,10 @@ from torch import nn
 
 from .. import format as fmt
 from .._io import write_json, write_tensor_file
-from .._repr import sanitize_repr  # noqa: F401 - also imported from here by encode.py and older code
+from .._repr import sanitize_repr as sanitize_repr  # re-exported: encode.py and older code import it here
 from ._patch import ForwardPatch, print_options
 from ._tree import drop_parent_outputs, prune_intermediate_layers, without_values
 from .distributed import current_rank
-
 
 
 def _tensor_lines(tensor: torch.Tensor) -> list[str]:

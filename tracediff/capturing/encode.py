@@ -62,7 +62,7 @@ class Encoder:
         self._unwritten: list[tuple[Path, torch.Tensor, dict[str, Any]]] = []
 
     def encode(self, value: Any, name: str) -> Any:
-        """The JSON of ``value``; its payloads are all written when this returns.
+        """The JSON of ``value``; its payloads are written (or copied into the pipeline's pool) when this returns.
 
         The statistics of every tensor in ``value`` are computed first and the
         payloads written after: torch's worker threads, still awake from the

@@ -45,7 +45,8 @@ def parse_inputs_map(items: Iterable[str] | Mapping[str, str] | None) -> dict[st
 def _split(item: str) -> tuple[str, str]:
     key, sep, slot = item.partition("=")
     if not sep:
-        raise UsageError(f"inputs map: {item!r} has no '='; expected FILE_KEY=MODEL_SLOT, e.g. 'args.0=kwargs.input_ids'")
+        raise UsageError(f"inputs map: {item!r} has no '='; expected FILE_KEY=MODEL_SLOT, "
+                         "e.g. 'args.0=kwargs.input_ids'")
     return key.strip(), slot.strip()
 
 

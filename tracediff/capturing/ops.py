@@ -46,7 +46,9 @@ Ops that return no tensor, and ops that return one of their inputs
 unchanged (``x.to(x.dtype)``, ``contiguous()`` on a contiguous tensor) are
 never recorded. A parameter (``nn.Parameter``) passed to an op, such as the
 weight of ``F.linear``, is recorded as ``{"py_type": "Parameter", "repr":
-"Parameter(shape=[...], dtype=...)"}``, not as a payload. Limits: only Python-level calls that go through torch's
+"Parameter(shape=[...], dtype=...)"}``, not as a payload.
+
+Limits: only Python-level calls that go through torch's
 ``__torch_function__`` protocol are seen (custom CUDA extensions called
 directly, or code inside ``torch.compile``-d regions, are not); ops run on
 other threads are not recorded; recording costs one Python call per op and
@@ -116,7 +118,7 @@ class OpSelection:
         min_numel: int = 0,
     ) -> OpSelection | None:
         """The selection for ``capture``'s options; None when op capture is off."""
-        if ops is False and not inside and not exclude:
+        if not ops and not inside and not exclude:  # False, or an empty list
             return None
         if isinstance(ops, str):
             ops = [ops]

@@ -47,8 +47,8 @@ import torch
 from torch import nn
 
 from .. import format as fmt
-from .._io import ensure_writable_dir, write_json, write_json_pair
 from .._display import short_repr, summary_html
+from .._io import ensure_writable_dir, write_json, write_json_pair
 from .._version import __version__
 from ..errors import OutputDirError, TracediffError, UsageError
 from ._patch import ForwardPatch

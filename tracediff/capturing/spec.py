@@ -31,6 +31,7 @@ from .._safe_read import check_regular_file
 from ..errors import CaptureSpecError, InputsFileError, OutputDirError
 from .conditions import parse_device, parse_dtype, to_conditions
 from .journal import claim_folder
+from .pipeline import DEFAULT_POOL_MB
 from .session import CaptureSession, capture, check_out_dir
 
 Inputs = tuple[tuple[Any, ...], dict[str, Any]]
@@ -150,8 +151,9 @@ def load_inputs(path: str | Path, example: Inputs, *, inputs_map: Mapping[str, s
     :mod:`tracediff.capturing.inputs_map`). ``on_note`` receives a line when
     the only tensor of each side was paired automatically.
     """
-    from .inputs_map import resolve_keys
     from safetensors import SafetensorError, safe_open
+
+    from .inputs_map import resolve_keys
 
     path = Path(path)
     check_regular_file(path, error=InputsFileError, what="inputs file")  # a FIFO or /dev/zero: refused, not read
@@ -220,6 +222,8 @@ def capture_spec(
     device: str | torch.device | None = None,
     inputs_map: Mapping[str, str] | None = None,
     on_note: Callable[[str], None] | None = None,
+    writers: int | None = None,
+    pool_mb: int = DEFAULT_POOL_MB,
 ) -> CaptureSession:
     """Load a SPEC, optionally replace its inputs, and capture one forward under ``torch.no_grad()``.
 
@@ -238,6 +242,8 @@ def capture_spec(
     ``inputs`` file feeds which input of the model (see
     :mod:`tracediff.capturing.inputs_map`); ``on_note`` receives a line when
     the inputs were paired automatically. Default: keys must match.
+
+    ``writers`` and ``pool_mb`` are ``capture``'s (the payload pipeline).
 
     The output folder is checked before the model is built, and an earlier
     trace in it is replaced only once the model and its inputs are ready.
@@ -262,7 +268,7 @@ def capture_spec(
         with grad_mode, capture(model, out_dir, tensors=tensors, overwrite=overwrite,  # type: ignore[arg-type]
                                 verify=verify, prune_layers=prune_layers, backward=backward,
                                 progress=progress, ops=ops, ops_exclude=ops_exclude, ops_in=ops_in,
-                                ops_min_numel=ops_min_numel) as session:
+                                ops_min_numel=ops_min_numel, writers=writers, pool_mb=pool_mb) as session:
             output = model(*args, **kwargs)
             if backward:
                 _scalar_loss(spec, output).backward()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ..alignment import Alignment
@@ -51,9 +51,9 @@ def run_alignment(args: argparse.Namespace, command: str) -> Alignment:
     return result
 
 
-def _verdict_options(args: argparse.Namespace) -> dict[str, object]:
+def _verdict_options(args: argparse.Namespace) -> dict[str, Any]:
     """``baseline``, ``noise_factor`` and ``ignore`` as given; the library's defaults otherwise."""
-    options: dict[str, object] = {"baseline": args.baseline, "ignore": args.ignore,
+    options: dict[str, Any] = {"baseline": args.baseline, "ignore": args.ignore,
                                   "allow_incomplete": getattr(args, "allow_incomplete", False)}
     if args.noise_factor is not None:
         options["noise_factor"] = args.noise_factor

@@ -74,7 +74,10 @@ def run_demo(out_dir: str | Path, *, overwrite: bool = False, plant_bug: bool = 
     """
     out = Path(out_dir)
     _check_out_dir(out, overwrite=overwrite)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:  # under a regular file, or in a read-only folder
+        raise OutputDirError(f"{out}: cannot write here ({e.strerror or e})") from None
     reference = build_reference()
     port = port_from_reference(reference, plant_bug=plant_bug)
     tokens = example_tokens()

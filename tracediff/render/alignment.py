@@ -14,7 +14,14 @@ from tabulate import tabulate
 
 from .._text import markdown_text, printable
 from ..alignment.result import Alignment, TensorComparison
-from .matching import pairing_counts, row_label, suggestion_lines, unmatched_lines, unrecorded_note
+from .matching import (
+    argument_lines,
+    pairing_counts,
+    row_label,
+    suggestion_lines,
+    unmatched_lines,
+    unrecorded_note,
+)
 from .verdicts import baseline_line, focus_row, ignored_lines, origin_note, source_lines
 
 _SHOWN = ["order", "module_path_b", "tensor", "shape_b", "dtype_b", "max_abs_err", "max_rel_err", "cosine",
@@ -134,7 +141,7 @@ def render_table(result: Alignment, *, all_rows: bool = False, context: int = 5,
     ``focus=N`` centres the rows on error source N+1 instead of the first divergence (rows marked ``S``
     are sources, ``>>`` the first divergence); the top 5 sources are listed, every one with ``all_rows``.
     """
-    lines = headline(result)
+    lines = headline(result) + source_lines(result, all_sources=all_rows) + ignored_lines(result)
     shown = _window(result, all_rows, context, focus)
     first = result.first_divergence
     sources = frozenset(r.order for r in result.sources)
@@ -144,24 +151,19 @@ def render_table(result: Alignment, *, all_rows: bool = False, context: int = 5,
         lines += ["", table]
         if not all_rows and len(shown) < len(result.rows):
             lines.append(f"({len(shown)} of {len(result.rows)} rows shown; --all shows every row)")
-    extra = source_lines(result, all_sources=all_rows) + ignored_lines(result)
-    if extra:
-        lines += [""] + extra
-    if result.argument_diffs:
-        lines += ["", f"non-tensor values that differ ({len(result.argument_diffs)}):"]
-        lines += [f"  {d.module_path_b} {d.slot}: {d.detail}" for d in result.argument_diffs[:10]]
+    lines += argument_lines(result)
     lines += suggestion_lines(result)
     lines += [f"warning: {w}" for w in result.warnings]
     return printable("\n".join(lines), keep_newlines=True) + "\n"  # no terminal escapes from trace names
 
 
 def render_markdown(result: Alignment, *, all_rows: bool = False, context: int = 5, focus: int = 0) -> str:
-    head = "\n".join(f"- {markdown_text(line)}" for line in headline(result))
+    extra = source_lines(result, all_sources=all_rows) + ignored_lines(result)
+    head = "\n".join([f"- {markdown_text(line)}" for line in headline(result)]
+                     + [f"- {markdown_text(line.strip())}" for line in extra])
     shown = _window(result, all_rows, context, focus)
     first = result.first_divergence
     sources = frozenset(r.order for r in result.sources)
     table = tabulate([[markdown_text(cell) for cell in _cells(r, first, sources)] for r in shown],
                      headers=[""] + _HEADERS, tablefmt="github", disable_numparse=True) if shown else ""
-    extra = source_lines(result, all_sources=all_rows) + ignored_lines(result)
-    tail = "\n".join(f"- {markdown_text(line.strip())}" for line in extra)
-    return f"{head}\n\n{table}\n" + (f"\n{tail}\n" if tail else "")
+    return f"{head}\n\n{table}\n"

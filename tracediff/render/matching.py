@@ -33,9 +33,14 @@ def row_label(row: TensorComparison, tensor: str) -> str:
 
 
 def _names(items: tuple[Unmatched, ...]) -> list[str]:
+    """Calls, then tensors grouped by slot, module paths folded: ``M.layers.{0..1}.self_attn outputs.1``."""
     calls = [u.module_path for u in items if u.tensor is None]
-    tensors = [f"{u.module_path} {u.tensor}" for u in items if u.tensor is not None]
-    return collapse_paths(calls) + collapse_paths(tensors)
+    by_slot: dict[str, list[str]] = {}
+    for u in items:
+        if u.tensor is not None:
+            by_slot.setdefault(u.tensor, []).append(u.module_path)
+    tensors = [f"{path} {slot}" for slot, paths in by_slot.items() for path in collapse_paths(paths)]
+    return collapse_paths(calls) + tensors
 
 
 def unmatched_lines(result: Alignment, *, limit: int | None = SHOWN_NAMES) -> list[str]:
@@ -101,3 +106,22 @@ def suggested_map(result: Alignment) -> dict[str, list[list[str]]]:
     if layout:
         out["layout"] = layout
     return out
+
+
+def argument_lines(result: Alignment, *, limit: int = 10) -> list[str]:
+    """Non-tensor values that differ; those passed on one side only (caches, flags) folded into one line."""
+    diffs = result.argument_diffs
+    if not diffs:
+        return []
+    one_sided = [d for d in diffs if d.detail in ("only in A", "only in B")]
+    both = [d for d in diffs if d not in one_sided]
+    lines = ["", f"non-tensor values that differ ({len(diffs)}):"]
+    lines += [f"  {d.module_path_b} {d.slot}: {d.detail}" for d in both[:limit]]
+    if len(both) > limit:
+        lines.append(f"  ... {len(both) - limit} more (--format json lists every one)")
+    for side in ("A", "B"):
+        names = sorted({d.slot.rsplit(".", 1)[-1] for d in one_sided if d.detail == f"only in {side}"})
+        if names:
+            count = sum(d.detail == f"only in {side}" for d in one_sided)
+            lines.append(f"  passed only in {side} ({count} entries): {', '.join(names)}")
+    return lines

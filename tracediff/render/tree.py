@@ -103,8 +103,10 @@ def render_tree(view: TraceView) -> str:
 
 def _header(view: TraceView) -> str:
     kind = "summary (statistics only)" if view.summary_only else "trace"
-    shown = f"{len(view.nodes)} of {view.total_calls} calls" if len(view.nodes) != view.total_calls \
-        else f"{view.total_calls} calls"
+    calls = sum(node.op is None for node in view.nodes)
+    ops = len(view.nodes) - calls
+    shown = f"{calls} of {view.total_calls} calls" if calls != view.total_calls else f"{view.total_calls} calls"
+    shown += f" and {ops} ops" if ops else ""
     state = {True: "", False: ", INCOMPLETE", None: ""}[view.complete]
     if view.incomplete_reason:
         state = f", INCOMPLETE ({view.incomplete_reason})"

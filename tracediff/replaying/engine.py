@@ -31,8 +31,7 @@ import fnmatch
 import math
 import sys
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -49,6 +48,7 @@ from .culprits import Candidate, decide
 from .inputs import NotRebuildable, Target, output_slots, rebuild_inputs
 from .oracle import NOISE_MULTIPLIER, float64_copy, oracle_device
 from .patching import Replacements, patched
+from .placement import check_device, module_device, param_dtype, prepared
 from .result import Replay, ReplayedCall, SkippedCall
 from .runner import CallOutcome, CallSetup, replay_call
 from .shadow import ShadowRun, seed_rng, shadow_run
@@ -100,13 +100,13 @@ def replay(
     for name, value in (("atol", atol), ("rtol", rtol)):
         if value is not None and not (isinstance(value, (int, float)) and value >= 0 and math.isfinite(value)):
             raise UsageError(f"{name}={value!r}: expected a finite number >= 0")
-    device = _check_device(device)
+    device = check_device(device)
     trace = trace_a if isinstance(trace_a, Trace) else load_trace(trace_a)
     _check_replayable(trace)
     rules = rename_rules(rename)
     patterns = _patterns(modules)
     seed = _seed(trace.metadata)
-    with _prepared(model_b, device) as run_device:
+    with prepared(model_b, device) as run_device:
         job = _Job(trace, model_b, rules, seed, run_device, atol, rtol, oracle)
         job.run(patterns, progress)
         if patch:
@@ -142,57 +142,6 @@ def _seed(metadata: dict[str, Any]) -> int:
     return seed if isinstance(seed, int) and not isinstance(seed, bool) else 0
 
 
-def _check_device(device: str | torch.device | None) -> torch.device | None:
-    if device is None:
-        return None
-    try:
-        target = torch.device(device)
-    except (RuntimeError, ValueError, TypeError):
-        raise UsageError(f"device {device!r}: not a torch device (cpu, cuda, cuda:1, mps, ...)") from None
-    if target.type == "cuda" and not torch.cuda.is_available():
-        raise UsageError(f"device {device!r}: CUDA is not available on this machine")
-    if target.type == "mps" and not torch.backends.mps.is_available():
-        raise UsageError(f"device {device!r}: MPS is not available on this machine")
-    return target
-
-
-def _first_device(model: nn.Module) -> torch.device | None:
-    for tensor in [*model.parameters(), *model.buffers()]:
-        return tensor.device
-    return None
-
-
-@contextmanager
-def _prepared(model: nn.Module, device: str | torch.device | None) -> Iterator[torch.device]:
-    modes = [(m, m.training) for m in model.modules()]
-    original = _first_device(model)
-    target = torch.device(device) if device is not None else (original or torch.device("cpu"))
-    moved = device is not None and original is not None and original != target
-    model.eval()
-    try:
-        if moved:
-            model.to(target)
-        yield target
-    finally:
-        if moved and original is not None:
-            model.to(original)
-        for module, training in modes:
-            module.training = training
-
-
-def _param_dtype(module: nn.Module) -> torch.dtype | None:
-    for p in module.parameters():
-        if p.is_floating_point():
-            return p.dtype
-    return None
-
-
-def _module_device(module: nn.Module, default: torch.device) -> torch.device:
-    for tensor in [*module.parameters(), *module.buffers()]:
-        return tensor.device
-    return default
-
-
 @dataclass
 class _Done:
     node_a: Node
@@ -211,7 +160,7 @@ class _Job:
         self.atol, self.rtol, self.oracle = atol, rtol, oracle
         self.root_name = type(model).__name__
         self.modules = dict(model.named_modules(remove_duplicate=False))
-        self.model_dtype = _param_dtype(model)
+        self.model_dtype = param_dtype(model)
         self.warnings: list[str] = []
         self.skipped: list[SkippedCall] = []
         self.done: list[_Done] = []
@@ -246,6 +195,7 @@ class _Job:
             if matching.structural:
                 self.warnings.append("module paths did not line up by name: calls were matched by structure; "
                                      "pass rename rules (--map) to match them by name")
+            self._warn_unmatched_a(matching.unmatched_a)
             unmatched = {id(node) for node in matching.unmatched_b}
             paired = {id(b) for _, b in matching.pairs}
             for node in self.shadow.trace.nodes():
@@ -271,6 +221,18 @@ class _Job:
                                      module_type=type(self.modules[relative]).__name__, depth=node.depth,
                                      enter_order=node.enter_order)))
         return pairs
+
+    def _warn_unmatched_a(self, nodes: tuple[Node, ...]) -> None:
+        later = len(self.trace.roots) - 1
+        if later:
+            self.warnings.append(f"A's trace holds {later} later top-level call(s) of the model; only the first "
+                                 "is replayed")
+        in_later = {id(n) for root in self.trace.roots[1:] for n in root.walk()}
+        own = [n for n in nodes if n.phase == "forward" and id(n) not in in_later]
+        named = [n.module_path for n in own][:3]
+        if named:
+            self.warnings.append(f"{len(own)} call(s) of A match no call of B (e.g. {', '.join(named)}); pass "
+                                 "rename rules (--map) if B names them differently")
 
     # --- replaying ----------------------------------------------------------------------------------------
 
@@ -309,10 +271,11 @@ class _Job:
                                        "the leaves' outputs; capture A with tracediff.capture)")
             return None
         slot_dtypes = self.shadow.slot_dtypes.get((node_b.relative_path, node_b.call_index), {})
-        dtype = _param_dtype(module) or next(iter(slot_dtypes.values()), None) or self.model_dtype
-        device = _module_device(module, self.device)
+        dtype = param_dtype(module) or next(iter(slot_dtypes.values()), None) or self.model_dtype
+        device = module_device(module, self.device)
         twin = self.twin_modules.get(node_b.relative_path)
-        oracle_target = Target(_module_device(twin, self.device), torch.float64) if twin is not None else None
+        oracle_target = Target(module_device(twin, oracle_device(self.device)), torch.float64) \
+            if twin is not None else None
         return CallSetup(trace=self.trace, node_a=node_a, node_b=node_b if self.shadow.trace else None,
                          module=module, twin=twin, target=Target(device, dtype, dict(slot_dtypes)),
                          oracle_target=oracle_target, seed=self.seed, atol=self.atol, rtol=self.rtol)

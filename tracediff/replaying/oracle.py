@@ -22,6 +22,7 @@ at most a small multiple of the reference's), with A in the result's place
 and the multiple widened because A's kernels are not B's. Integer and bool
 outputs have no rounding: they are the same math only when equal.
 
+The float64 run is made only for calls with an output out of tolerance.
 The float64 copy runs on B's device when it is CPU or CUDA, and on the CPU
 otherwise (MPS has no float64). It holds 8 bytes per parameter.
 """

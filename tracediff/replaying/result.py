@@ -174,9 +174,13 @@ class Replay:
                 f"oracle {'on' if self.oracle else 'off'}>")
 
     def _repr_html_(self) -> str:
-        from html import escape
+        from .._display import summary_html
 
-        return f"<pre>{escape(repr(self))}</pre>" + self.table.to_html(max_rows=50)
+        facts = [("trace A", self.trace_a), ("model B", f"{self.model_b} on {self.device}"),
+                 ("replayed", len(self.modules)), ("skipped", len(self.skipped)),
+                 ("oracle", f"on ({self.noise_multiplier:g}x noise)" if self.oracle else "off")]
+        facts += [(f"culprit #{c.rank}", c.describe()) for c in self.culprits]
+        return summary_html("tracediff replay", facts, passed=self.passed)
 
     @property
     def table(self) -> Any:

@@ -207,7 +207,8 @@ class _Builder:
                         depth=0, enter_order=-1, phase="backward", has_outputs=True)
             nodes.append(node)
             arrival, departure = (list(entry.get(fmt.BACKWARD_ORDER) or []) + [None, None])[:2]
-            events.append((arrival if arrival is not None else 2 * i, node, entry.get(fmt.GRAD_OUTPUTS), "grad_outputs"))
+            events.append((arrival if arrival is not None else 2 * i, node, entry.get(fmt.GRAD_OUTPUTS),
+                           "grad_outputs"))
             if fmt.GRAD_INPUTS in entry:
                 events.append((departure if departure is not None else 2 * i + 1, node, entry[fmt.GRAD_INPUTS],
                                "grad_inputs"))

@@ -44,6 +44,7 @@ def read_tree(json_path: Path, root: Path) -> tuple[dict[str, Any], dict[str, An
             if metadata_file.exists() or metadata_file.is_symlink() else {}
         if not isinstance(metadata, dict):
             raise TraceFormatError(f"{metadata_file}: not a tracediff metadata object")
+        fmt.check_format_version(metadata, metadata_file)  # before the tree: a newer major may change its fields
     check_tree(tree, json_path)
     return tree, metadata
 

@@ -46,6 +46,11 @@ def register(sub: Any) -> None:
                    help="cast the model and its floating inputs first (bfloat16, float16, float32, float64): "
                         "how a baseline for align --baseline is captured")
     p.add_argument("--device", metavar="DEVICE", help="move the model and its inputs first (cpu, cuda, cuda:1)")
+    p.add_argument("--writers", type=int, metavar="N",
+                   help="threads writing payload files while the forward runs (default: 2 with CUDA or idle "
+                        "cores, else 0: written in the hook)")
+    p.add_argument("--pool-mb", type=int, default=256, metavar="MB",
+                   help="host memory for payloads waiting to be written (default 256; the forward waits when full)")
     p.set_defaults(run=run)
 
 
@@ -57,7 +62,8 @@ def run(args: argparse.Namespace) -> int:
                            tensors=args.tensors, overwrite=args.overwrite, verify=args.verify,
                            prune_layers=args.prune_layers, backward=args.backward, progress=True,
                            dtype=args.dtype, device=args.device, inputs_map=parse_inputs_map(args.inputs_map),
-                           on_note=lambda note: print(f"tracediff capture: {note}"), **ops_kwargs(args))
+                           on_note=lambda note: print(f"tracediff capture: {note}"), writers=args.writers,
+                           pool_mb=args.pool_mb, **ops_kwargs(args))
     size = session.payload_bytes / 1e6
     ops = f" and {session.ops} ops" if session.ops else ""
     print(f"captured {session.calls} module calls{ops} into {session.trace_dir} "

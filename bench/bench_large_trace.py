@@ -1,0 +1,94 @@
+"""Reading a large trace: ``tracediff show`` and ``tracediff align`` (against itself) on a ~200 MB trace JSON.
+
+::
+
+    python bench/bench_large_trace.py --mb 200 --dir /tmp/large-trace
+
+Writes a synthetic tracediff trace (summary mode: statistics, no payloads) of
+a model with many layers until the FULL_TENSORS JSON reaches ``--mb``, then
+runs each command in a fresh process under ``/usr/bin/time -v`` and prints
+wall time and peak RSS (maximum resident set size). The trace is kept in
+``--dir`` for reruns (``--reuse``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def _tensor(i: int, shape: list[int]) -> dict[str, object]:
+    return {"shape": f"torch.Size({shape})", "dtype": "torch.float32",
+            "stats": {"numel": 4096, "mean": 0.001 * i, "std": 1.0 + i * 1e-6, "min": -3.5, "max": 3.5,
+                      "abs_mean": 0.79, "nan": 0, "posinf": 0, "neginf": 0, "zeros": 0}}
+
+
+def _layer(k: int) -> dict[str, object]:
+    prefix = f"Big.layers.{k}"
+    leaves = []
+    for j, name in enumerate(("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "norm")):
+        leaves.append({"module_path": f"{prefix}.{name}", "module_type": "Linear", "call_index": 0,
+                       "inputs": {"args": [_tensor(k * 10 + j, [1, 16, 256])]},
+                       "outputs": _tensor(k * 10 + j + 1, [1, 16, 256])})
+    return {"module_path": prefix, "module_type": "Block", "call_index": 0,
+            "inputs": {"args": [_tensor(k, [1, 16, 256])], "kwargs": {"use_cache": {"py_type": "bool",
+                                                                                      "py_value": False}}},
+            "children": leaves, "outputs": _tensor(k + 1, [1, 16, 256])}
+
+
+def write_trace(folder: Path, megabytes: int) -> Path:
+    """Write the trace layer by layer (the JSON text is streamed, never held whole)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "Big_debug_tree_FULL_TENSORS.json"
+    target = megabytes * 1_000_000
+    with open(path, "w", encoding="utf-8") as f:
+        f.write('{"module_path": "Big", "module_type": "Big", "call_index": 0, '
+                '"inputs": {"args": []}, "children": [')
+        k = 0
+        while f.tell() < target:
+            f.write((", " if k else "") + json.dumps(_layer(k), indent=2))
+            k += 1
+        f.write('], "outputs": ' + json.dumps(_tensor(0, [1, 16, 256])) + "}")
+    meta = {"format_version": "1.1", "tracediff_version": "bench", "model_name": "Big", "complete": True,
+            "options": {"tensors": "summary"}}
+    (folder / "tracediff_metadata.json").write_text(json.dumps(meta))
+    print(f"wrote {path} ({path.stat().st_size / 1e6:.0f} MB, {k} layers, {k * 9 + 1} calls)", flush=True)
+    return path
+
+
+def measure(argv: list[str]) -> tuple[float, float, int]:
+    """Wall seconds, peak RSS in MB and exit code of ``tracediff ARGV`` in a fresh process."""
+    started = time.perf_counter()
+    done = subprocess.run(["/usr/bin/time", "-v", sys.executable, "-m", "tracediff", *argv],
+                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    wall = time.perf_counter() - started
+    match = re.search(r"Maximum resident set size \(kbytes\): (\d+)", done.stderr)
+    rss = int(match.group(1)) / 1024 if match else float("nan")
+    return wall, rss, done.returncode
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--mb", type=int, default=200, help="size of the trace JSON in MB (default 200)")
+    parser.add_argument("--dir", default="/tmp/tracediff-large-trace", help="where the trace is written")
+    parser.add_argument("--reuse", action="store_true", help="reuse the trace already in --dir")
+    args = parser.parse_args()
+    folder = Path(args.dir)
+    if not (args.reuse and (folder / "Big_debug_tree_FULL_TENSORS.json").is_file()):
+        write_trace(folder, args.mb)
+    print(f"load average: {os.getloadavg()[0]:.2f}", flush=True)
+    for name, argv in (("show", ["show", str(folder)]),
+                       ("show --format json", ["show", str(folder), "--format", "json"]),
+                       ("align (itself)", ["align", str(folder), str(folder)])):
+        wall, rss, code = measure(argv)
+        print(f"{name:20s} {wall:7.1f} s  peak RSS {rss:7.0f} MB  exit {code}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

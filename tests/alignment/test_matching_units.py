@@ -1,0 +1,68 @@
+"""The small pieces of matching: suggested rules, folded path lists, slot rules, layout transforms."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+from tracediff import UsageError
+from tracediff.alignment.layout import Transform, _candidates
+from tracediff.alignment.matching import apply_rename
+from tracediff.alignment.slots import slot_rules
+from tracediff.alignment.suggest import _rule
+from tracediff.alignment.unrecorded import collapse_paths
+
+
+@pytest.mark.parametrize("a, b, rule", [
+    ("blocks.0", "layers.0", (r"^blocks(?=\.|$)", "layers")),
+    ("layers.0.attn", "layers.0.self_attn", (r"^(layers\.\d+\.)attn(?=\.|$)", r"\1self_attn")),
+    ("model.layers.0", "layers.0", (r"^model(?:\.|$)", "")),  # a wrapper level removed
+    ("layers.0.block.attn", "layers.0.attn", (r"^(layers\.\d+)\.block(?=\.|$)", r"\1")),
+    ("layers.0.attn", "layers.0.inner.attn", (r"^(layers\.\d+\.)attn(?=\.|$)", r"\1inner.attn")),  # one added
+    ("layers.3", "layers.1", (r"^(layers\.)3(?=\.|$)", r"\g<1>1")),  # \g<1>: "\11" would be group 11
+])
+def test_rule_renames_only_what_differs(a: str, b: str, rule: tuple[str, str]) -> None:
+    assert _rule(a, b) == rule
+    assert apply_rename(a, [rule]) == b
+    if "\\d+" in rule[0]:  # every layer, not only the one it was derived from
+        assert apply_rename(a.replace(".0", ".7"), [rule]) == b.replace(".0", ".7")
+
+
+def test_rules_stop_at_component_boundaries() -> None:
+    rule = _rule("layers.0.attn", "layers.0.self_attn")
+    assert apply_rename("layers.0.attn_norm", [rule]) == "layers.0.attn_norm"
+    assert re.compile(rule[0])
+
+
+def test_collapse_paths() -> None:
+    paths = [f"M.layers.{i}.self_attn.rotary_emb" for i in range(4)] + ["M.norm", "M.h.0", "M.h.2", "M.h.5"]
+    assert collapse_paths(paths) == ["M.layers.{0..3}.self_attn.rotary_emb", "M.norm", "M.h.{0,2,5}"]
+    assert collapse_paths(["M.layers.3"]) == ["M.layers.3"]
+
+
+def test_slot_rules() -> None:
+    spec = {"rename": [], "slots": [["rotary", "inputs.args.0", None], ["attn$", "inputs.args.1", "inputs.kwargs.p"]]}
+    assert slot_rules(spec) == [("rotary", "inputs.args.0", ""), ("attn$", "inputs.args.1", "inputs.kwargs.p")]
+    assert slot_rules({"rename": []}) == [] and slot_rules(None) == [] and slot_rules([["a", "b"]]) == []
+    for bad, message in [({"slots": "x"}, 'map: "slots" must be a list of [module_regex, slot_a, slot_b]'),
+                         ({"slots": [["a", "b"]]}, "map: slot rule 0 is ['a', 'b']; expected [module_regex, "
+                                                   "slot_a, slot_b]"),
+                         ({"slots": [["(", "a", "b"]]}, "map: slot rule 0 regex '(' does not compile (missing ), "
+                                                        "unterminated subpattern at position 0)")]:
+        with pytest.raises(UsageError) as e:
+            slot_rules(bad)
+        assert str(e.value) == message
+
+
+def test_transforms_apply_and_describe() -> None:
+    x = torch.arange(24.0).reshape(1, 2, 3, 4)
+    narrow = Transform("a", (("narrow", 3, 1, 2),))
+    assert torch.equal(narrow.apply(x), x[..., 1:3]) and narrow.describe(4) == "A[..., 1:3] ~ B"
+    middle = Transform("b", (("narrow", 1, 0, 1),))
+    assert middle.describe(4) == "A ~ B[:, 0:1]"
+    permute = Transform("a", (("permute", (0, 2, 1, 3)),))
+    assert permute.apply(x).shape == (1, 3, 2, 4) and permute.describe(4) == "A.permute(0,2,1,3) ~ B"
+    described = {t.describe(3) for t in _candidates((1, 3, 8), (1, 4, 3, 2))}
+    assert "A.reshape(1,3,4,2).permute(0,2,1,3) ~ B" in described
