@@ -82,6 +82,34 @@ def time_align(a: Path, b: Path, repeats: int) -> tuple[float, float, bool]:
     return statistics.median(times), statistics.median(cpu), passed
 
 
+def fast_path(ref: Path, same: Path, repeats: int) -> None:
+    """Wall and CPU seconds to find every payload of ``ref`` and ``same`` equal: raw bytes vs decoding."""
+    from tracediff._io import read_tensor_file
+    from tracediff.alignment.metrics import bitwise_equal
+    from tracediff.alignment.raw_payload import same_bytes
+
+    names = sorted(p.name for p in ref.glob("*.safetensors"))
+    total = sum((ref / n).stat().st_size + (same / n).stat().st_size for n in names)
+    ways = {
+        "raw bytes (same_bytes)": lambda: all(same_bytes(ref / n, same / n) is not None for n in names),
+        "decode + bitwise_equal": lambda: all(
+            bitwise_equal(read_tensor_file(ref / n), read_tensor_file(same / n)) for n in names),
+    }
+    runs: dict[str, list[tuple[float, float]]] = {name: [] for name in ways}
+    for round_index in range(repeats + 1):  # interleaved; the first round warms up
+        for name, way in ways.items():
+            wall, cpu = time.perf_counter(), time.process_time()
+            assert way()
+            if round_index:
+                runs[name].append((time.perf_counter() - wall, time.process_time() - cpu))
+    print(f"\nidentical pair, one thread, {total / 1e6:.0f} MB, median of {repeats}:")
+    for name, measured in runs.items():
+        wall = statistics.median(r[0] for r in measured)
+        cpu = statistics.median(r[1] for r in measured)
+        print(f"  {name:<24} wall {wall:.3f} s ({total / wall / 1e9:.2f} GB/s), CPU {cpu:.3f} s "
+              f"({total / cpu / 1e9:.2f} GB per CPU second)")
+
+
 def time_cli(argv: list[str], repeats: int) -> tuple[float, float, int]:
     """Median seconds and the largest peak RSS (MB) of ``argv`` run as a fresh process, and its exit code."""
     # The peak RSS comes from GNU time: a child forked from this (large) process would report this
@@ -124,6 +152,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--memory", action="store_true", help="also measure peak RSS at ~100 MB and ~1 GB")
     parser.add_argument("--cli", action="store_true", help="also time `tracediff align` end to end")
+    parser.add_argument("--fast-path", action="store_true",
+                        help="also time finding identical payloads from raw bytes vs by decoding them")
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -143,6 +173,9 @@ def main() -> None:
         total = payload_bytes(here / "ref") + payload_bytes(here / pair)
         seconds, cpu, passed = time_align(here / "ref", here / pair, args.repeats)
         print(f"ref~{pair:<8}{total / 1e6:>10.0f}{seconds:>10.3f}{total / seconds / 1e9:>8.2f}{cpu:>8.3f}  {passed}")
+
+    if args.fast_path:
+        fast_path(here / "ref", here / "same", args.repeats)
 
     if args.cli:
         tool = [sys.executable, "-m", "tracediff"]

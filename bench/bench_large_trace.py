@@ -62,15 +62,16 @@ def write_trace(folder: Path, megabytes: int) -> Path:
     return path
 
 
-def measure(argv: list[str]) -> tuple[float, float, int]:
-    """Wall seconds, peak RSS in MB and exit code of ``tracediff ARGV`` in a fresh process."""
+def measure(argv: list[str]) -> tuple[float, float, float, int]:
+    """Wall seconds, CPU seconds (user + system), peak RSS in MB and exit code of ``tracediff ARGV``."""
     started = time.perf_counter()
     done = subprocess.run(["/usr/bin/time", "-v", sys.executable, "-m", "tracediff", *argv],
                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     wall = time.perf_counter() - started
     match = re.search(r"Maximum resident set size \(kbytes\): (\d+)", done.stderr)
     rss = int(match.group(1)) / 1024 if match else float("nan")
-    return wall, rss, done.returncode
+    cpu = sum(float(m) for m in re.findall(r"(?:User|System) time \(seconds\): ([\d.]+)", done.stderr))
+    return wall, cpu, rss, done.returncode
 
 
 def main() -> None:
@@ -78,16 +79,20 @@ def main() -> None:
     parser.add_argument("--mb", type=int, default=200, help="size of the trace JSON in MB (default 200)")
     parser.add_argument("--dir", default="/tmp/tracediff-large-trace", help="where the trace is written")
     parser.add_argument("--reuse", action="store_true", help="reuse the trace already in --dir")
+    parser.add_argument("--only", action="append", choices=["show", "show-json", "align"],
+                        help="run only this command (repeatable; default: all three)")
     args = parser.parse_args()
     folder = Path(args.dir)
     if not (args.reuse and (folder / "Big_debug_tree_FULL_TENSORS.json").is_file()):
         write_trace(folder, args.mb)
     print(f"load average: {os.getloadavg()[0]:.2f}", flush=True)
-    for name, argv in (("show", ["show", str(folder)]),
-                       ("show --format json", ["show", str(folder), "--format", "json"]),
-                       ("align (itself)", ["align", str(folder), str(folder)])):
-        wall, rss, code = measure(argv)
-        print(f"{name:20s} {wall:7.1f} s  peak RSS {rss:7.0f} MB  exit {code}", flush=True)
+    commands = {"show": ["show", str(folder)],
+                "show-json": ["show", str(folder), "--format", "json"],
+                "align": ["align", str(folder), str(folder)]}
+    for name in args.only or list(commands):
+        argv = commands[name]
+        wall, cpu, rss, code = measure(argv)
+        print(f"{name:20s} wall {wall:7.1f} s  cpu {cpu:7.1f} s  peak RSS {rss:7.0f} MB  exit {code}", flush=True)
 
 
 if __name__ == "__main__":

@@ -10,9 +10,10 @@ import torch
 from tracediff import UsageError
 from tracediff.alignment.layout import Transform, _candidates
 from tracediff.alignment.matching import apply_rename
+from tracediff.alignment.result import TensorComparison
 from tracediff.alignment.slots import slot_rules
 from tracediff.alignment.suggest import _rule
-from tracediff.alignment.unrecorded import collapse_paths
+from tracediff.alignment.unrecorded import collapse_paths, mark_unrecorded_origin
 
 
 @pytest.mark.parametrize("a, b, rule", [
@@ -66,3 +67,28 @@ def test_transforms_apply_and_describe() -> None:
     assert permute.apply(x).shape == (1, 3, 2, 4) and permute.describe(4) == "A.permute(0,2,1,3) ~ B"
     described = {t.describe(3) for t in _candidates((1, 3, 8), (1, 4, 3, 2))}
     assert "A.reshape(1,3,4,2).permute(0,2,1,3) ~ B" in described
+
+
+def _row(order: int, path: str, tensor: str, diverged: bool) -> TensorComparison:
+    nan = float("nan")
+    return TensorComparison(order=order, module_path_a=path, module_path_b=path, call_index=0, call_index_b=0,
+                            tensor=tensor, tensor_a=tensor, shape_a=(2,), shape_b=(2,), dtype_a="torch.float32",
+                            dtype_b="torch.float32", max_abs_err=1.0 if diverged else 0.0, max_rel_err=nan,
+                            mean_abs_err=nan, rms_err=nan, cosine=nan, mismatch_fraction=nan, nan_mismatch=0,
+                            inf_mismatch=0, atol=0.0, rtol=0.0, required_atol=nan, required_rtol=nan,
+                            within_tolerance=not diverged, approximate=False,
+                            status="diverged" if diverged else "identical", origin="between modules" if diverged
+                            else None)
+
+
+def test_unrecorded_origin_only_where_the_block_after_the_gap_starts() -> None:
+    gaps = {"M.layers.3": ("M.layers.1", "M.layers.2")}
+    starts = [_row(0, "M.layers.0", "outputs", False), _row(1, "M.layers.3", "inputs.args.0", True)]
+    (first,) = [r for r in mark_unrecorded_origin(starts, {}, gaps) if r.diverged]
+    assert (first.origin, first.unrecorded) == ("unrecorded", ("M.layers.1", "M.layers.2"))
+    assert mark_unrecorded_origin(starts, gaps, {})[1].origin == "unrecorded"  # the gap may be A's
+    inside = [_row(0, "M.layers.3", "inputs.args.0", False), _row(1, "M.layers.3.mlp", "outputs", False),
+              _row(2, "M.layers.3.norm", "inputs.args.0", True)]
+    assert mark_unrecorded_origin(inside, {}, gaps)[2].origin == "between modules"  # it arose inside layers.3
+    elsewhere = [_row(0, "M.head", "inputs.args.0", True)]
+    assert mark_unrecorded_origin(elsewhere, {}, gaps)[0].origin == "between modules"

@@ -2,9 +2,10 @@
 
 ``written_traces_conform()`` wraps the functions that write trace JSON, so
 that every tree and metadata file any test writes (native capture, backward
-capture, the drop-in) is validated as it is written; ``tests/conftest.py``
-turns it on for the whole session. A file that does not conform fails the
-test that wrote it.
+capture, the drop-in) is validated as it is written, and every SUMMARY file
+written beside a FULL_TENSORS file must be that file without the tensor
+entries' values; ``tests/conftest.py`` turns it on for the whole session. A
+file that does not conform fails the test that wrote it.
 """
 
 from __future__ import annotations
@@ -99,13 +100,26 @@ def _checked_write_json(write: Callable[..., None], *, standard: bool) -> Callab
     return checked
 
 
+def without_tensor_values(value: Any) -> Any:
+    """``value`` with ``value`` removed from every tensor entry: what a SUMMARY file must hold."""
+    if isinstance(value, dict):
+        tensor = fmt.is_tensor_entry(value)
+        return {k: without_tensor_values(v) for k, v in value.items() if not (tensor and k == fmt.VALUE)}
+    if isinstance(value, list):
+        return [without_tensor_values(v) for v in value]
+    return value
+
+
 def _checked_write_json_pair(write: Callable[..., None]) -> Callable[..., None]:
     def checked(path: Any, stripped_path: Any, obj: Any, *args: Any, **kwargs: Any) -> None:
         write(path, stripped_path, obj, *args, **kwargs)
-        # What was written, read back: the SUMMARY file is checked as it is on disk.
-        for written in (path, stripped_path):
-            if Path(written).is_file():
-                _check_written(written, json.loads(Path(written).read_text(encoding="utf-8")), standard=False)
+        # What was written, read back. The FULL file is validated; the SUMMARY file must be exactly the FULL
+        # file without the tensor entries' values (cheaper than validating it again, and stricter).
+        full = json.loads(Path(path).read_text(encoding="utf-8"))
+        _check_written(path, full, standard=False)
+        summary = json.loads(Path(stripped_path).read_text(encoding="utf-8"))
+        assert json.dumps(summary) == json.dumps(without_tensor_values(full)), \
+            f"{stripped_path} is not {Path(path).name} without the tensor entries' values"  # NaN-safe
 
     return checked
 

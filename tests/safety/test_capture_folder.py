@@ -15,8 +15,8 @@ import pytest
 import torch
 
 import tracediff
-from tracediff.errors import OutputDirError
 from tests.safety.helpers import capture_small, cli, small, tree_file
+from tracediff.errors import OutputDirError
 
 SCRIPT = textwrap.dedent('''
     import os, signal, sys
@@ -82,7 +82,8 @@ def test_a_sigkilled_capture_leaves_a_trace_that_show_and_align_read_as_incomple
 
     trace = tracediff.load_trace(folder)
     assert [n.module_path for n in trace.nodes()] == ["Dies", "Dies.layers.0", "Dies.layers.1"]
-    assert trace.roots[0].error == {"type": "CaptureProcessDied", "message": "the capture process ended inside this call"}
+    assert trace.roots[0].error == {"type": "CaptureProcessDied",
+                                    "message": "the capture process ended inside this call"}
     assert trace.incomplete_reason is not None and "read from its journal" in trace.incomplete_reason
 
     code, out, _ = cli(["show", str(folder)], capsys)

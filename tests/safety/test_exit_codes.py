@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 import tracediff.show
+from tests.safety.helpers import cli
 from tracediff.cli.exit_codes import EXIT_CODES
 from tracediff.cli.main import build_parser
-from tests.safety.helpers import cli
 
 
 def _boom(*_args: Any, **_kwargs: Any) -> Any:

@@ -31,7 +31,7 @@ from hypothesis import strategies as st
 
 from tests.safety.helpers import cli, copy, tree_file
 
-FUZZ_EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "60"))
+FUZZ_EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "40"))
 RUN_SECONDS = 20
 HUGE_INT = "1" + "0" * 5000  # over Python's 4,300-digit limit for int()
 HOSTILE_VALUES: list[Any] = [

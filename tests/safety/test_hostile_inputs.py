@@ -13,11 +13,11 @@ import torch
 from torch import nn
 
 import tracediff
+from tests.safety.helpers import cli
 from tracediff.alignment.arguments import _describe
 from tracediff.alignment.matching import apply_rename, check_rename
 from tracediff.errors import UsageError
 from tracediff.steps import StepRecorder
-from tests.safety.helpers import cli
 
 
 @pytest.fixture(scope="module")
@@ -118,7 +118,7 @@ def test_a_step_record_linking_outside_is_named_a_step_record(run: Path, tmp_pat
 def test_rename_rules_that_could_fail_or_hang_are_refused_up_front(rule: list[str], message: str) -> None:
     with pytest.raises(UsageError) as e:
         check_rename([rule], source="map.json")
-    assert str(e.value).startswith(f"map.json: rule 0 ") and message in str(e.value)
+    assert str(e.value).startswith("map.json: rule 0 ") and message in str(e.value)
 
 
 def test_safe_forms_of_the_same_rules_are_accepted_and_fast() -> None:

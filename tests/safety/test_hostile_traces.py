@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 import tracediff
-from tracediff.errors import TraceFormatError
 from tests.safety.helpers import cli, copy, edit_tree, tree_file
+from tracediff.errors import TraceFormatError
 
 
 def _one_line_error(code: int, err: str, command: str, expected: str) -> None:
@@ -90,7 +90,8 @@ def test_deep_nesting_and_huge_integers_are_one_line(text: str, problem: str, b:
         (b / name).write_text(original)
 
 
-def test_a_rename_map_nested_too_deeply_is_one_line(b: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_rename_map_nested_too_deeply_is_one_line(b: Path, tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
     rename = tmp_path / "map.json"
     rename.write_text("[" * 100_000 + "]" * 100_000)
     code, _, err = cli(["align", str(b), str(b), "--map", str(rename)], capsys)
@@ -233,10 +234,19 @@ def test_show_escapes_terminal_sequences_and_lone_surrogates(b: Path, capsys: py
     assert "\\udc80" in out_file.read_text(encoding="utf-8")
 
 
-def test_markdown_escapes_html_from_module_names(b: Path, small_trace: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_markdown_escapes_html_from_module_names(b: Path, small_trace: Path,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
     def hostile(tree: dict[str, Any]) -> None:
         tree["module_path"] = "<img src=x onerror=alert(1)>"
 
     edit_tree(b, hostile)
     code, out, _ = cli(["align", str(small_trace), str(b), "--format", "markdown"], capsys)
     assert code in (0, 1) and "<img" not in out and "&lt;img src=x onerror=alert(1)&gt;" in out
+
+
+def test_a_folder_with_payloads_only_says_what_happened(b: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for path in b.glob("*.json"):
+        path.unlink()
+    code, _, err = cli(["show", str(b)], capsys)
+    assert code == 2 and err.endswith("it holds payloads only: the capture that wrote them ended before its trace "
+                                      "JSON or journal was written\n")

@@ -80,8 +80,9 @@ class MeanAbsNorm(nn.Module):
 
 
 def plant(model: nn.Module, bug: str, index: int) -> nn.Module:
-    """``scaled-weight`` (x1.25; ``scaled-weight-5%``: x1.05), ``wrong-norm`` (mean |x|), ``attention-scale`` (1/d instead of 1/sqrt(d)),
-    ``norm-eps`` (the benign kind: eps 3e-4 instead of the configured 1e-6 or 1e-5)."""
+    """Plant one bug in layer ``index``: ``scaled-weight`` (x1.25; ``scaled-weight-5%``: x1.05),
+    ``wrong-norm`` (mean |x|), ``attention-scale`` (1/d instead of 1/sqrt(d)), ``norm-eps`` (the
+    benign-looking kind: eps 3e-4 instead of the configured 1e-6 or 1e-5)."""
     if bug in ("scaled-weight", "scaled-weight-5%"):
         with torch.no_grad():
             mlp_out(model, index).weight.mul_(1.25 if bug == "scaled-weight" else 1.05)

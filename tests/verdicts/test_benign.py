@@ -116,3 +116,15 @@ def test_position_ids_of_shape_t_and_1_t_are_no_divergence(tmp_path: Path) -> No
     result = tracediff.align(a, b)
 
     assert result.passed and not result.sources
+
+
+@pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_float8_saturation_is_settled_without_float8_kernels(dtype: torch.dtype) -> None:
+    low = torch.finfo(dtype).min
+    a = torch.tensor([0.0, F32_MIN, 1.0])
+    b = torch.tensor([0.0, low, 1.0]).to(dtype)
+
+    _, settled, notes = prepare_pair(a, b)
+
+    assert settled.tolist() == [0.0, F32_MIN, 1.0]
+    assert notes == ["1 saturated values (at their dtype's finite extreme on both sides) treated as equal"]

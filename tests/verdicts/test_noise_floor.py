@@ -78,11 +78,13 @@ def test_a_clean_port_with_another_attention_kernel_passes_with_the_baseline(por
     assert floors and max(floors) <= 3.0
 
 
-@pytest.mark.parametrize("arch,dtype", CASES)
-@pytest.mark.parametrize("bug", ["scaled-weight", "wrong-norm", "attention-scale"])
+BUGS = ["scaled-weight", "wrong-norm", "attention-scale"]
+BUG_CASES = [(arch, "bf16", bug) for arch in ("llama", "gpt2", "bert") for bug in BUGS] + [
+    ("llama", "fp16", "scaled-weight")]
+
+
+@pytest.mark.parametrize("arch,dtype,bug", BUG_CASES)
 def test_a_planted_bug_is_the_first_divergence_and_a_source(ports: Ports, arch: str, dtype: str, bug: str) -> None:
-    if dtype == "fp16" and bug != "scaled-weight":
-        pytest.skip("fp16 is covered by one bug; the others are the bf16 cases")
     ref, base = ports.get("ref", arch, "fp32"), ports.get("base", arch, dtype)
     result = tracediff.align(ref, ports.get("port", arch, dtype, bug), baseline=base)
 
@@ -95,7 +97,7 @@ def test_a_planted_bug_is_the_first_divergence_and_a_source(ports: Ports, arch: 
     assert first.growth is not None and first.growth > 3
 
 
-@pytest.mark.parametrize("bug", ["scaled-weight", "wrong-norm", "attention-scale"])
+@pytest.mark.parametrize("bug", BUGS)
 def test_fp32_ports_need_no_baseline(ports: Ports, bug: str) -> None:
     result = tracediff.align(ports.get("ref", "llama", "fp32"), ports.get("port", "llama", "fp32", bug))
 
@@ -177,3 +179,18 @@ def test_json_report_carries_the_verdict_fields(ports: Ports) -> None:
     assert all(key in report["rows"][0] for key in ("noise_floor", "noise_ratio", "growth"))
     table = result.table
     assert {"noise_floor", "noise_ratio", "growth"} <= set(table.columns)
+
+
+def test_next_centres_the_table_on_the_following_source(ports: Ports, two_bugs: Path) -> None:
+    from tracediff.render.alignment import render_table
+
+    result = tracediff.align(ports.get("ref", "llama", "fp32"), two_bugs, baseline=ports.get("base", "llama", "bf16"))
+    second = result.sources[1]
+
+    table = render_table(result, focus=1)
+    rows = [line for line in table.splitlines() if line.startswith(("S ", ">> ", "   ")) and line.split()[0] != "#"]
+    marked = [line for line in rows if line.startswith("S ")]
+    assert any(f" {second.order} " in line and "LlamaModel.layers.2.input_layernorm" in line for line in marked)
+    orders = [int(line.split()[1] if line.startswith(("S", ">>")) else line.split()[0]) for line in rows]
+    assert orders == list(range(second.order - 5, second.order + 6))
+    assert "  2. LlamaModel.layers.2.input_layernorm outputs (introduced): growth " in table

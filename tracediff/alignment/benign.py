@@ -68,10 +68,14 @@ def _as_real_pairs(t: torch.Tensor) -> torch.Tensor:
     return torch.view_as_real(t.resolve_conj())
 
 
-def _saturated(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Masks of the positions at or beyond the dtype's finite minimum and maximum (infinities included)."""
-    info = torch.finfo(t.dtype)
+def _saturated(t: torch.Tensor, info: torch.finfo) -> tuple[torch.Tensor, torch.Tensor]:
+    """Masks of the positions at or beyond the finite minimum and maximum of ``info`` (infinities included)."""
     return t <= info.min, t >= info.max
+
+
+def _workable(t: torch.Tensor) -> torch.Tensor:
+    """float8 has no comparison or reduction kernels on every device: look at it in float32 (exact)."""
+    return t.float() if t.element_size() == 1 else t
 
 
 def _settle_saturated(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, int]:
@@ -81,18 +85,21 @@ def _settle_saturated(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, i
     """
     if a.numel() == 0:
         return b, 0
-    low, high = torch.aminmax(a.detach().reshape(-1).nan_to_num(nan=0.0, posinf=math.inf, neginf=-math.inf))
-    info = torch.finfo(a.dtype)
-    if float(low) > info.min and float(high) < info.max:
+    info_a, info_b = torch.finfo(a.dtype), torch.finfo(b.dtype)
+    wa = _workable(a)
+    low, high = torch.aminmax(wa.detach().reshape(-1).nan_to_num(nan=0.0, posinf=math.inf, neginf=-math.inf))
+    if float(low) > info_a.min and float(high) < info_a.max:
         return b, 0
-    low_a, high_a = _saturated(a)
-    low_b, high_b = _saturated(b)
+    wb = _workable(b)
+    low_a, high_a = _saturated(wa, info_a)
+    low_b, high_b = _saturated(wb, info_b)
     same = (low_a & low_b) | (high_a & high_b)
     count = int(same.sum())
     if not count:
         return b, 0
-    settled = b.to(torch.promote_types(a.dtype, b.dtype), copy=True)
-    settled[same] = a[same].to(settled.dtype)
+    target = torch.promote_types(wa.dtype, wb.dtype)
+    settled = wb.to(target, copy=True)
+    settled[same] = wa[same].to(target)
     return settled, count
 
 

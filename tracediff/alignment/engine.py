@@ -19,8 +19,10 @@ A short tour::
    (rows marked ``approximate``), under the tolerance of
    :mod:`tracediff.alignment.tolerance`.
 4. Rows are ordered by B's execution order; the first row out of tolerance is
-   the first divergence, and ``origin`` tells whether the module introduced
-   the error or inherited it from its inputs.
+   the first divergence. With ``baseline=`` each row is also judged against
+   its noise floor; ``sources`` lists every row where error is introduced
+   rather than inherited, and ``origin`` says which (see
+   :mod:`tracediff.alignment.verdicts`).
 5. Non-tensor arguments that differ between matched nodes are reported too.
 
 A payload that cannot be read marks its row ``unreadable`` and the rest of the
@@ -55,7 +57,7 @@ from .rename_map import RenameSpec, rename_rules
 from .result import Alignment, TensorComparison
 from .slots import slot_rules
 from .tolerance import Tolerance, TolerancePolicy
-from .unrecorded import mark_unrecorded_origin
+from .unrecorded import carry_origin, mark_unrecorded_origin
 from .verdicts import check_ignore, judge
 
 TraceLike = str | Path | Trace
@@ -163,11 +165,12 @@ def align(
         warnings.insert(0, "module paths did not line up; nodes were matched by structure "
                            "(shapes and call order). Check the suggested rename map.")
     warnings[:0] = plan.warnings
+    marked = mark_unrecorded_origin(verdicts.rows, matching.gaps_a, matching.gaps_b)  # after the origins above
     return Alignment(
         trace_a=str(trace_a.directory), trace_b=str(trace_b.directory),
         model_a=trace_a.model_name, model_b=trace_b.model_name,
-        rows=tuple(mark_unrecorded_origin(verdicts.rows, matching.gaps_a, matching.gaps_b)),
-        sources=verdicts.sources,
+        rows=tuple(marked),
+        sources=carry_origin(verdicts.sources, marked),
         ignored=verdicts.ignored,
         baseline=str(trace_n.directory) if trace_n is not None else None,
         noise_factor=float(noise_factor) if trace_n is not None else None,

@@ -8,7 +8,7 @@ module, same call), in two passes:
    matching blocks), then, inside the stretches that differ, of short names
    alone (``softmax`` pairs ``torch.softmax`` with ``torch.nn.functional.softmax``).
    Paired ops compare their tensors slot by slot (``inputs.args.0``,
-   ``outputs``...) and their non-tensor arguments (a different ``scale=`` of
+   ``outputs``...) and, when their names are equal, their non-tensor arguments (a different ``scale=`` of
    ``scaled_dot_product_attention`` is an argument difference).
 2. **By value**, for the ops left over when the two implementations use
    different op sequences for the same math (``matmul`` + ``softmax`` +
@@ -116,7 +116,7 @@ def _pair_call(trace_a: Trace, trace_b: Trace, node_a: Node, node_b: Node, polic
         out.jobs.extend((op_a, ra, op_b, rb) for ra, rb in tensor_pairs)
         out.unmatched_a += [Unmatched(op_a.module_path, op_a.call_index, op_label(op_a, t.slot)) for t in only_a]
         out.unmatched_b += [Unmatched(op_b.module_path, op_b.call_index, op_label(op_b, t.slot)) for t in only_b]
-        if op_a.values != op_b.values:
+        if op_a.op == op_b.op and op_a.values != op_b.values:  # aliases (F.softmax, torch.softmax) differ in keywords
             out.argument_diffs += [replace(d, slot=op_label(op_b, d.slot)) for d in diff_arguments([(op_a, op_b)])]
     # The stretches between ops paired by sequence: what one side computes there with other ops.
     bounds = [(-1, -1), *aligned, (len(node_a.ops), len(node_b.ops))]

@@ -85,6 +85,10 @@ def plan_pairs(trace_a: Trace, trace_b: Trace, rules: RenameRules, *, match: str
             transform = _relayout(trace_a, ra, trace_b, rb)
             plan.how[(id(ra), id(rb))] = ("layout" if transform is not None else method, transform)
             plan.jobs.append((node_a, ra, node_b, rb))
+        for ra, rb, transform in _relaid_leftovers(trace_a, only_a, trace_b, only_b):
+            plan.how[(id(ra), id(rb))] = ("layout", transform)
+            plan.jobs.append((node_a, ra, node_b, rb))
+            only_a, only_b = [t for t in only_a if t is not ra], [t for t in only_b if t is not rb]
         plan.unmatched_a += [Unmatched(node_a.module_path, node_a.call_index, t.slot) for t in only_a]
         plan.unmatched_b += [Unmatched(node_b.module_path, node_b.call_index, t.slot) for t in only_b]
     unpaired_a = {id(n) for n in matching.unmatched_a}
@@ -110,6 +114,21 @@ def _relayout(trace_a: Trace, ra: TensorRecord, trace_b: Trace, rb: TensorRecord
     if ra.shape is None or rb.shape is None or squeezed(ra.shape) == squeezed(rb.shape):
         return None
     return find_relayout(trace_a, ra, trace_b, rb)
+
+
+def _relaid_leftovers(trace_a: Trace, only_a: list[TensorRecord], trace_b: Trace, only_b: list[TensorRecord]
+                      ) -> list[tuple[TensorRecord, TensorRecord, Transform]]:
+    """The one tensor left on each side of a kind (inputs, outputs), re-laid out: ``outputs`` ``[B, T, H, D]``
+    against ``outputs.0`` ``[B, H, T, D]``."""
+    found = []
+    for head in ("inputs", "outputs"):
+        left_a = [t for t in only_a if t.slot.split(".")[0] == head]
+        left_b = [t for t in only_b if t.slot.split(".")[0] == head]
+        if len(left_a) == 1 and len(left_b) == 1:
+            transform = _relayout(trace_a, left_a[0], trace_b, left_b[0])
+            if transform is not None:
+                found.append((left_a[0], left_b[0], transform))
+    return found
 
 
 def _coverage_warnings(matching: Matching, trace_b: Trace, match: str) -> list[str]:

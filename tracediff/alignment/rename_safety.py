@@ -33,7 +33,7 @@ from ..errors import UsageError
 try:  # Python 3.11+: the parser moved here
     from re import _parser as _sre_parse  # type: ignore[attr-defined]
 except ImportError:  # pragma: no cover - older Pythons
-    import sre_parse as _sre_parse  # type: ignore[no-redef]
+    import sre_parse as _sre_parse  # type: ignore[no-redef, unused-ignore]
 
 _REPEATS = {name for name in ("MAX_REPEAT", "MIN_REPEAT") if hasattr(_sre_parse, name)}
 _SAFE_WRAPPERS = {name for name in ("POSSESSIVE_REPEAT", "ATOMIC_GROUP") if hasattr(_sre_parse, name)}
@@ -42,7 +42,7 @@ _UNBOUNDED = getattr(_sre_parse, "MAXREPEAT", 1 << 32)
 _LARGE_REPEAT = 100
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def compiled(pattern: str) -> re.Pattern[str]:
     """``re.compile(pattern)``, once per pattern for the life of the process."""
     return re.compile(pattern)

@@ -23,14 +23,21 @@ reason                 why, for anything but identical/close
 input_err              largest max_abs_err among the module's input rows
 amplification          max_abs_err / input_err for output rows (inf when the
                        inputs were identical and the output is not)
-origin                 for rows out of tolerance: ``introduced`` (what
-                       flowed into the call was within tolerance),
-                       ``inherited`` (it was not), ``model inputs`` (the
-                       root's inputs), ``between modules`` (an input
-                       diverged while every earlier tensor matched: the
-                       parent's own code between its children's calls
-                       changed it). In backward rows what flows in is
+origin                 for rows out of tolerance, decided by growth (see
+                       :mod:`tracediff.alignment.sources`): ``introduced``
+                       (a source among a call's outputs: the module's own
+                       code), ``between modules`` (a source among a call's
+                       inputs: the caller's code between its submodule
+                       calls, named in ``reason``), ``model inputs`` (the
+                       root's inputs), ``inherited`` (not a source: the
+                       error flowed in). In backward rows what flows in is
                        ``grad_outputs`` and what flows out ``grad_inputs``
+noise_floor            with a baseline: max_abs_err between A and the
+                       baseline (see :mod:`tracediff.alignment.noise`)
+noise_ratio            max_abs_err / noise_floor (None: zero or no floor)
+growth                 this row's error beyond noise over what flowed into
+                       it (``Alignment.sources``: the rows where error is
+                       introduced)
 =====================  ========================================================
 """
 

@@ -45,17 +45,23 @@ def structural_pairs(nodes_a: list[Node], nodes_b: list[Node]) -> list[tuple[Nod
 def _fill_gaps(nodes_a: list[Node], nodes_b: list[Node], partner: dict[int, int]) -> None:
     """Pair the calls left between two aligned runs with the best-scoring call in the same gap of B."""
     taken = set(partner.values())
+    next_partner = [len(nodes_b)] * (len(nodes_a) + 1)  # the smallest partner index after each call of A
+    for i in range(len(nodes_a) - 1, -1, -1):
+        next_partner[i] = min(next_partner[i + 1], partner.get(i + 1, len(nodes_b))) if i + 1 < len(nodes_a) \
+            else len(nodes_b)
+    low = -1
     for i in range(len(nodes_a)):
         if i in partner:
+            low = max(low, partner[i])
             continue
-        low = max((partner[k] for k in partner if k < i), default=-1)
-        high = min((partner[k] for k in partner if k > i), default=len(nodes_b))
-        scored = [(_score(nodes_a[i], nodes_b[j], j - low), j) for j in range(low + 1, high) if j not in taken]
+        scored = [(_score(nodes_a[i], nodes_b[j], j - low), j) for j in range(low + 1, next_partner[i])
+                  if j not in taken]
         scored = [(score, j) for score, j in scored if score > 0]
         if scored:
             _, best = max(scored, key=lambda item: (item[0], -item[1]))
             partner[i] = best
             taken.add(best)
+            low = best
 
 
 def _score(a: Node, b: Node, distance: int) -> float:

@@ -127,3 +127,10 @@ def collapse_paths(paths: Iterable[str]) -> list[str]:
             label = "{" + ",".join(str(n) for n in numbers) + "}"
         out.append(".".join(label if p == "{}" else p for p in item))
     return out
+
+
+def carry_origin(rows: Sequence[TensorComparison], marked: Sequence[TensorComparison]) -> tuple[TensorComparison, ...]:
+    """``rows`` (copies of some rows, such as the error sources) with the ``unrecorded`` origin of ``marked``."""
+    by_order = {row.order: row for row in marked if row.origin == "unrecorded"}
+    return tuple(replace(row, origin="unrecorded", unrecorded=by_order[row.order].unrecorded)
+                 if row.order in by_order else row for row in rows)

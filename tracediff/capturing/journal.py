@@ -43,6 +43,7 @@ class FolderClaim:
     cleared: bool = False
     created: bool = False  # the folder did not exist: removed again if the capture leaves it empty
     released: bool = False
+    in_use: bool = False  # a capture is writing with it
 
     def clear_earlier_trace(self) -> None:
         """Remove the earlier trace's listed files (once), just before the new trace is written."""
@@ -77,8 +78,13 @@ class FolderClaim:
 
 
 def held_claim(folder: Path) -> FolderClaim | None:
-    """The claim this process already holds on ``folder`` (taken by ``tracediff capture`` before the model built)."""
-    return _HELD.get(folder.absolute())
+    """The claim this process took on ``folder`` for a capture not started yet (``tracediff capture`` takes it
+    before the model is built); the capture that takes it over marks it ``in_use``."""
+    claim = _HELD.get(folder.absolute())
+    if claim is None or claim.in_use:
+        return None
+    claim.in_use = True
+    return claim
 
 
 def claim_folder(folder: Path, *, overwrite: bool) -> FolderClaim:
@@ -91,7 +97,8 @@ def claim_folder(folder: Path, *, overwrite: bool) -> FolderClaim:
 
     key = folder.absolute()
     if key in _HELD:
-        return _HELD[key]
+        raise OutputDirError(f"{folder}: another capture in this process is writing into it; "
+                             "choose another folder")
     check_out_dir(folder, overwrite=True)  # a file, or no writable parent: the usual one-line refusals
     created = not folder.exists()
     try:

@@ -318,6 +318,7 @@ def capture(
     if recording:
         # Lock first, then check and clear: a second capture into the folder is refused, never overwritten.
         claim = held_claim(folder) or claim_folder(folder, overwrite=overwrite)
+        claim.in_use = True
         try:
             claim.clear_earlier_trace()
             ensure_writable_dir(folder)

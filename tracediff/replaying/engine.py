@@ -234,6 +234,13 @@ class _Job:
             self.warnings.append(f"{len(own)} call(s) of A match no call of B (e.g. {', '.join(named)}); pass "
                                  "rename rules (--map) if B names them differently")
 
+    def _twin(self, path: str) -> nn.Module | None:
+        """The float64 copy of B's module at ``path``; the copy of the whole model is made on first use."""
+        if self.twin is None:
+            self.twin = float64_copy(self.model, oracle_device(self.device))
+            self.twin_modules = dict(self.twin.named_modules(remove_duplicate=False))
+        return self.twin_modules.get(path)
+
     # --- replaying ----------------------------------------------------------------------------------------
 
     def run(self, patterns: list[str], progress: bool) -> None:
@@ -243,9 +250,6 @@ class _Job:
             pairs = [p for p in pairs if _selected(p[1], patterns)]
             if not pairs:
                 raise UsageError(f"--modules {' '.join(patterns)}: matches no replayable module call")
-        if self.oracle:
-            self.twin = float64_copy(self.model, oracle_device(self.device))
-            self.twin_modules = dict(self.twin.named_modules(remove_duplicate=False))
         bar = _progress_bar(progress, len(pairs))
         try:
             for order, (node_a, node_b) in pairs:
@@ -273,12 +277,15 @@ class _Job:
         slot_dtypes = self.shadow.slot_dtypes.get((node_b.relative_path, node_b.call_index), {})
         dtype = param_dtype(module) or next(iter(slot_dtypes.values()), None) or self.model_dtype
         device = module_device(module, self.device)
-        twin = self.twin_modules.get(node_b.relative_path)
-        oracle_target = Target(module_device(twin, oracle_device(self.device)), torch.float64) \
-            if twin is not None else None
+
+        def twin() -> tuple[nn.Module, Target] | None:
+            copy = self._twin(node_b.relative_path)
+            if copy is None:
+                return None
+            return copy, Target(module_device(copy, oracle_device(self.device)), torch.float64)
         return CallSetup(trace=self.trace, node_a=node_a, node_b=node_b if self.shadow.trace else None,
-                         module=module, twin=twin, target=Target(device, dtype, dict(slot_dtypes)),
-                         oracle_target=oracle_target, seed=self.seed, atol=self.atol, rtol=self.rtol)
+                         module=module, twin=twin, target=Target(device, dtype, dict(slot_dtypes)), seed=self.seed,
+                         atol=self.atol, rtol=self.rtol)
 
     def _replay_one(self, order: int, node_a: Node, node_b: Node) -> None:
         setup = self._setup(node_a, node_b)
@@ -317,11 +324,15 @@ class _Job:
             calls = order.get(path, [])
             return calls[k] if k < len(calls) else None
 
-        setup, twin = done.setup, self.twin
+        setup = done.setup
+
+        def twin_patch() -> Any:  # called only once the float64 copy exists
+            assert self.twin is not None
+            return patched(self.twin, replacements, index)
+
         try:
-            outcome = replay_call(setup, oracle=self.oracle,
-                                  patch=lambda: patched(self.model, replacements, index),
-                                  twin_patch=(lambda: patched(twin, replacements, index)) if twin is not None else None)
+            outcome = replay_call(setup, oracle=self.oracle, patch=lambda: patched(self.model, replacements, index),
+                                  twin_patch=twin_patch)
         except NotRebuildable:
             return done.outcome.verdict
         finally:
@@ -343,12 +354,15 @@ class _Job:
             a = recorded.get(slot)
             if a is None or not a.is_floating_point() or tuple(a.shape) != tuple(tensor.shape):
                 continue
-            diff = a.to(torch.float64) - tensor.detach().to("cpu", torch.float64)
-            finite = torch.isfinite(diff)
-            squares += float(diff[finite].square().sum())
-            scale += float(a.to(torch.float64)[finite].square().sum())
-            count += int(finite.sum())
-            worst = max(worst, float(diff[finite].abs().max()) if bool(finite.any()) else 0.0)
+            a64 = a.to(torch.float64).reshape(-1)
+            diff = a64 - tensor.detach().to("cpu", torch.float64).reshape(-1)
+            if not bool(torch.isfinite(diff).all()):
+                keep = torch.isfinite(diff)
+                diff, a64 = diff[keep], a64[keep]
+            squares += float(torch.dot(diff, diff))
+            scale += float(torch.dot(a64, a64))
+            count += diff.numel()
+            worst = max(worst, float(diff.abs().max()) if diff.numel() else 0.0)
             slots.append(slot)
         if not slots:
             return None

@@ -30,9 +30,9 @@ class CallSetup:
     node_a: Node
     node_b: Node | None
     module: nn.Module
-    twin: nn.Module | None
+    #: The float64 twin of ``module`` and where its inputs go, made on first use (None without the oracle).
+    twin: Callable[[], tuple[nn.Module, Target] | None]
     target: Target
-    oracle_target: Target | None
     seed: int
     atol: float | None
     rtol: float | None
@@ -98,11 +98,11 @@ def replay_call(setup: CallSetup, *, oracle: bool, patch: Callable[[], Any] | No
 
     rows = rows_with({})
     # The float64 run only matters for rows out of tolerance: a row within it is the same math already.
-    if oracle and setup.twin is not None and setup.oracle_target is not None \
-            and any(row.within_tolerance is False for row in rows):
+    twin = setup.twin() if oracle and any(row.within_tolerance is False for row in rows) else None
+    if twin is not None:
         try:
-            args64, kwargs64 = rebuild_inputs(setup.trace, setup.node_a, setup.oracle_target, load=setup.load)
-            rows = rows_with(dict(output_slots(_run(setup.twin, args64, kwargs64, setup.seed, twin_patch))))
+            args64, kwargs64 = rebuild_inputs(setup.trace, setup.node_a, twin[1], load=setup.load)
+            rows = rows_with(dict(output_slots(_run(twin[0], args64, kwargs64, setup.seed, twin_patch))))
         except NotRebuildable:
             raise
         except Exception as e:  # noqa: BLE001 - the port's code in float64; reported in the rows
