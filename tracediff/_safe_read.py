@@ -71,12 +71,12 @@ def confined(path: Path, root: Path | None) -> Path:
     return resolved
 
 
-def _open_regular(path: Path, error: type[TracediffError], what: str) -> tuple[int, int]:
+def _open_regular(path: Path, error: type[TracediffError], what: str, missing: str | None = None) -> tuple[int, int]:
     """Open ``path`` without blocking and check it is a regular file; returns ``(fd, size)``."""
     try:
         fd = os.open(path, _O_FLAGS)
     except FileNotFoundError:
-        raise error(f"{path}: {what} not found") from None
+        raise error(f"{path}: {missing or what + ' not found'}") from None
     except (OSError, ValueError) as e:
         reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
         raise error(f"{path}: cannot open the {what} ({reason})") from None
@@ -92,14 +92,14 @@ def _open_regular(path: Path, error: type[TracediffError], what: str) -> tuple[i
 
 
 def check_regular_file(path: Path, *, root: Path | None = None, error: type[TracediffError] = TraceFormatError,
-                       what: str = "file") -> Path:
+                       what: str = "file", missing: str | None = None) -> Path:
     """Check that ``path`` is a regular file inside ``root`` without reading it; return its resolved path.
 
     Used before handing a payload to ``safe_open``, which memory-maps the file:
     a FIFO would block it and a directory gives an obscure error.
     """
     resolved = confined(path, root)
-    fd, _ = _open_regular(resolved, error, what)
+    fd, _ = _open_regular(resolved, error, what, missing)
     os.close(fd)
     return resolved
 
@@ -140,16 +140,20 @@ def parse_json(data: bytes | str, *, path: Path, error: type[TracediffError] = T
     try:
         return json.loads(data)
     except json.JSONDecodeError as e:
-        raise error(f"{path}: invalid JSON in the {what} at line {e.lineno} column {e.colno} ({e.msg}); "
+        raise error(f"{path}: invalid JSON at line {e.lineno} column {e.colno} ({e.msg}); "
                     "the file may be truncated") from None
     except UnicodeDecodeError:
-        raise error(f"{path}: the {what} is not UTF-8 text, so not JSON") from None
+        raise error(_not_utf8(path, what)) from None
     except RecursionError:
         raise error(f"{path}: the {what} nests JSON too deeply to be read; refused") from None
     except ValueError as e:  # e.g. an integer of more than 4,300 digits
         raise error(f"{path}: the {what} holds a value that cannot be read ({str(e).splitlines()[0]})") from None
     except MemoryError:
         raise error(f"{path}: not enough memory to read the {what}") from None
+
+
+def _not_utf8(path: Path, what: str) -> str:
+    return f"{path}: not UTF-8 text, so not {'a trace JSON' if what == 'trace JSON' else 'a JSON ' + what}"
 
 
 def read_json_file(path: Path, *, limit: int = SMALL_JSON_LIMIT, root: Path | None = None,
@@ -163,6 +167,6 @@ def read_json_file(path: Path, *, limit: int = SMALL_JSON_LIMIT, root: Path | No
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
-        raise error(f"{path}: the {what} is not UTF-8 text, so not JSON") from None
+        raise error(_not_utf8(path, what)) from None
     del data
     return parse_json(text, path=path, error=error, what=what)

@@ -36,11 +36,14 @@ def encodable(text: str) -> str:
         return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-_MARKDOWN_SPECIAL = re.compile(r"[\\`*_\[\]<>&|]")
+_MARKDOWN_SPECIAL = re.compile(r"[<&|]")
 
 
 def markdown_text(text: str) -> str:
-    """``text`` shown literally in Markdown: no raw HTML, emphasis, links or table breaks from trace names."""
-    escaped = _MARKDOWN_SPECIAL.sub(
-        lambda m: {"<": "&lt;", ">": "&gt;", "&": "&amp;"}.get(m.group(), "\\" + m.group()), text)
+    """``text`` for a Markdown table cell: no raw HTML (``<``, ``&`` escaped) and no table breaks (``|``).
+
+    ``>`` alone opens no tag and stays (the ``>>`` marker of the first divergence); underscores inside
+    module names start no emphasis in GitHub Markdown and stay readable.
+    """
+    escaped = _MARKDOWN_SPECIAL.sub(lambda m: {"<": "&lt;", "&": "&amp;", "|": "\\|"}[m.group()], text)
     return printable(escaped)

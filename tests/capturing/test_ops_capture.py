@@ -11,6 +11,7 @@ from torch import nn
 
 import tracediff
 from tests.capturing.helpers import find, metadata, nodes, trace_json
+from tests.format.conformance import check_folder
 from tests.models import Chain, SharedLoop
 from tracediff.cli.main import main
 from tracediff.errors import UsageError
@@ -191,6 +192,10 @@ def test_a_trace_with_ops_reads_as_a_standard_trace(tmp_path: Path) -> None:
     assert root.ops[1].values == {"inputs.args.1": 2.0}
     # a transformers-style reader sees extra children that carry module_path, inputs and outputs
     assert all({"module_path", "inputs", "outputs"} <= set(op) for op in _ops(trace_json(tmp_path)))
+    check_folder(tmp_path)  # FULL, SUMMARY and metadata conform to the trace schema (op_node)
+    (linear,) = _ops(next(n for n in nodes(trace_json(tmp_path)) if n["module_path"] == "Block.a" and "op" not in n))
+    weight = {"py_type": "Parameter", "repr": "Parameter(shape=[4, 4], dtype=torch.float32)"}
+    assert linear["inputs"]["args"][1] == weight  # described, not written again
 
 
 SPEC = """

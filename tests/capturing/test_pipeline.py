@@ -222,3 +222,33 @@ def test_bad_pipeline_options_are_refused_before_anything_runs(tmp_path: Path, o
     with pytest.raises(UsageError), tracediff.capture(model, tmp_path / "out", **option):  # type: ignore[arg-type]
         model(toy_input())
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+SPEC = '''
+import torch
+from torch import nn
+
+
+def build():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2)), (torch.ones(3, 4),)
+'''
+
+
+def test_the_cli_takes_writers_and_pool_size_and_states_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tracediff.cli.main import main
+
+    spec = tmp_path / "spec.py"
+    spec.write_text(SPEC)
+    sync, piped = tmp_path / "sync", tmp_path / "piped"
+    assert main(["capture", f"{spec}:build", "--out", str(sync), "--writers", "0"]) == 0
+    assert main(["capture", f"{spec}:build", "--out", str(piped), "--writers", "2", "--pool-mb", "1"]) == 0
+    assert _bytes_of(sync) == _bytes_of(piped)
+    stated = metadata(piped)["options"]["payload_pipeline"]
+    assert (stated["writers"], stated["pool_bytes"]) == (2, 1 << 20)
+    capsys.readouterr()
+    assert main(["capture", f"{spec}:build", "--out", str(tmp_path / "bad"), "--writers", "-1"]) == 2
+    assert capsys.readouterr().err == ("tracediff capture: error: writers=-1: expected a number of threads, "
+                                       "0 or more\n")

@@ -185,3 +185,22 @@ def test_each_name_of_the_file_format_is_defined_once_in_tracediff_format() -> N
         assert _literal_definitions(name, modules) == ["format.py"], name
     trace_modules = [p for p in modules if p.parent.name in ("capturing", "trace")]
     assert _literal_definitions("FORMAT_VERSION", trace_modules) == []
+
+
+def test_summary_text_drops_value_from_tensor_entries_only_on_both_json_paths() -> None:
+    from tests.format.conformance import without_tensor_values
+    from tracediff._json_text import json_text, json_text_pair
+
+    tensor = {"shape": "torch.Size([2])", "dtype": "torch.float32", "value": "./a.safetensors", "stats": {"numel": 2}}
+    tree = {"module_path": "M", "inputs": {"kwargs": {"value": tensor, "other": {"value": {"py_type": "int",
+                                                                                          "py_value": 1}}}},
+            "outputs": [tensor, {"value": tensor}]}
+    expected = without_tensor_values(tree)
+    assert json.loads(json_text(tree, drop_key="value", drop_where=fmt.is_tensor_entry)) == expected
+    assert json.loads(json_text(tree, indent=None, drop_key="value", drop_where=fmt.is_tensor_entry)) == expected
+    full, summary = json_text_pair(tree, drop_key="value", drop_where=fmt.is_tensor_entry)
+    assert json.loads(full) == tree and json.loads(summary) == expected
+    assert json.loads(summary)["inputs"]["kwargs"]["other"]["value"] == {"py_type": "int", "py_value": 1}
+    no_tensor_values = {"module_path": "M", "inputs": {"kwargs": {"value": {"py_type": "int", "py_value": 1}}}}
+    assert json_text_pair(no_tensor_values, drop_key="value", drop_where=fmt.is_tensor_entry) == (
+        json_text(no_tensor_values),) * 2

@@ -10,8 +10,8 @@ Two entry points write the standard trace of transformers' debugger:
   see :mod:`tracediff.capturing.compat`.
 """
 
-from .compat import model_addition_debugger_context
 from ..format import METADATA_FILE
+from .compat import model_addition_debugger_context
 from .session import CaptureSession, capture
 from .verify import Verification
 

@@ -107,13 +107,18 @@ class Encoder:
         tensor = value
         if is_dtensor(value):
             layout = dtensor_layout(value, full=self.full_dtensor)
-            tensor = value.full_tensor() if self.full_dtensor else value._local_tensor
+            dtensor: Any = value  # a DTensor: torch's stubs do not know it is a Tensor subclass
+            tensor = dtensor.full_tensor() if self.full_dtensor else dtensor._local_tensor
         tensor = tensor.detach()
         entry = self._describe(tensor, name)
         if layout is not None:
             entry[fmt.DTENSOR] = layout
         key = id(value)
-        self._seen[key] = (weakref.ref(value, lambda _ref, key=key: self._seen.pop(key, None)), value._version, entry)
+
+        def forget(_ref: weakref.ref[torch.Tensor], key: int = key) -> None:
+            self._seen.pop(key, None)
+
+        self._seen[key] = (weakref.ref(value, forget), value._version, entry)
         return entry
 
     def _measure(self, tensor: torch.Tensor) -> dict[str, Any]:

@@ -82,7 +82,8 @@ class Trace:
     def load(self, record: TensorRecord) -> torch.Tensor:
         """Read the payload of ``record`` (memory-mapped through ``safe_open``; a regular file inside the folder)."""
         return read_tensor_file(check_regular_file(self.payload_path(record), root=self.directory,
-                                                   error=PayloadError, what="payload"))
+                                                   error=PayloadError, what="payload",
+                                                   missing="payload file is missing"))
 
     @property
     def incomplete_reason(self) -> str | None:
