@@ -253,3 +253,18 @@ def test_show_lists_ops_under_their_module_call(tmp_path: Path) -> None:
         ("#3 torch.nn.functional.softmax", 1, "torch.nn.functional.softmax")]
     assert "; 3 calls and 6 ops" in render_tree(view).splitlines()[0]
     assert view.nodes[4].to_dict()["op"] == "torch.Tensor.mul" and "op" not in view.nodes[0].to_dict()
+
+
+def test_an_in_place_op_records_its_input_before_it_changes(tmp_path: Path) -> None:
+    class InPlace(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            y = x.clone()
+            y.mul_(3.0)
+            return y
+
+    model, x = InPlace(), torch.ones(2, 2)
+    with tracediff.capture(model, tmp_path, ops=True):
+        model(x)
+    clone, mul = _ops(trace_json(tmp_path))
+    assert (clone["op"], mul["op"]) == ("torch.Tensor.clone", "torch.Tensor.mul_")
+    assert mul["inputs"]["args"][0]["stats"]["mean"] == 1.0 and mul["outputs"]["stats"]["mean"] == 3.0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import functools
 import json
 from pathlib import Path
 
@@ -155,9 +156,14 @@ _OWNED_LITERALS = ("_debug_tree", "tracediff_metadata.json", ".safetensors", "py
                    "_SUMMARY.json")
 
 
+@functools.cache
+def _parsed(path: Path) -> ast.Module:
+    return ast.parse(path.read_text())
+
+
 def _string_constants(path: Path) -> list[tuple[int, str]]:
     """String literals of a module, docstrings left out."""
-    tree = ast.parse(path.read_text())
+    tree = _parsed(path)
     docstrings = {id(node.body[0].value) for node in ast.walk(tree)
                   if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
                   and node.body and isinstance(node.body[0], ast.Expr)
@@ -169,7 +175,7 @@ def _string_constants(path: Path) -> list[tuple[int, str]]:
 def _literal_definitions(name: str, paths: list[Path]) -> list[str]:
     """Modules that assign ``name`` a value of their own (not another module's constant)."""
     return [str(path.relative_to(PACKAGE)) for path in paths
-            for node in ast.walk(ast.parse(path.read_text()))
+            for node in ast.walk(_parsed(path))
             if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == name for t in node.targets)
             and not isinstance(node.value, (ast.Attribute, ast.Name))]
 

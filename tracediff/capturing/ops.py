@@ -263,7 +263,7 @@ class OpRecorder:
         name = op_name(func)
         if not self.selection.records(name):
             return func(*args, **kwargs)
-        # An in-place op changes its inputs: encode them before it runs. Others: only once kept.
+        # An in-place op changes its inputs: encode them before it runs; other ops' inputs once the op is kept.
         in_place = name.endswith("_") and not name.endswith("__") or name.rsplit(".", 1)[-1].startswith("__i")
         before = _tensors((args, kwargs))
         versions = [t._version for t in before]
