@@ -33,7 +33,6 @@ import datetime as _dt
 import os
 import platform
 import random
-import shutil
 import sys
 import warnings
 from collections import defaultdict
@@ -206,10 +205,6 @@ def _set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def _is_trace_file(path: Path) -> bool:
-    return fmt.is_trace_file(path.name)
-
-
 def check_out_dir(out_dir: Path, *, overwrite: bool) -> None:
     """Refuse an ``out_dir`` that is a file, or that is not empty unless ``overwrite``; change nothing."""
     if out_dir.exists() and not out_dir.is_dir():
@@ -221,20 +216,8 @@ def check_out_dir(out_dir: Path, *, overwrite: bool) -> None:
         raise OutputDirError(f"{out_dir}: cannot write here ({existing} is not a writable directory)")
 
 
-def prepare_out_dir(out_dir: Path, *, overwrite: bool) -> None:
-    """Check ``out_dir`` before anything runs: a writable folder, empty unless ``overwrite``.
-
-    With ``overwrite=True`` the files of an earlier trace (payloads, trace JSON,
-    metadata, ``rank{r}/`` folders) are removed; other files are left alone.
-    """
-    check_out_dir(out_dir, overwrite=overwrite)
-    if out_dir.is_dir():
-        for entry in out_dir.iterdir():
-            if entry.is_dir() and entry.name.startswith("rank") and entry.name[4:].isdigit():
-                shutil.rmtree(entry)
-            elif entry.is_file() and _is_trace_file(entry):
-                entry.unlink()
-    ensure_writable_dir(out_dir)
+# The folder is taken, checked and cleared by ``journal.claim_folder``: lock first, then only the earlier trace's
+# listed files are removed (removing every ``*.safetensors`` took the user's own inputs file with it).
 
 
 @contextmanager

@@ -16,8 +16,8 @@ import io
 import json
 import math
 
-from ..show import NodeView, TensorView, TraceView
 from .._text import printable
+from ..show import NodeView, TensorView, TraceView
 from .alignment import strict_json_value
 
 _INDENT = "  "

@@ -117,7 +117,8 @@ def open_run(path: str | Path) -> RunFolder:
     if not isinstance(checksums, (list, tuple)) or not all(isinstance(g, str) for g in checksums):
         raise TraceFormatError(f"{root / RUN_FILE}: \"options\" must be an object whose \"checksums\" is a list of "
                                f"group names; found {json.dumps(options)[:80]}")
-    records = {key: resolve_inside(root, str(p.relative_to(root)), what="step record") for key, p in _rank_records(root).items()}
+    records = {key: resolve_inside(root, str(p.relative_to(root)), what="step record")
+               for key, p in _rank_records(root).items()}
     return RunFolder(root=root, meta=meta, records=dict(sorted(records.items())))
 
 

@@ -29,9 +29,9 @@ from .. import format as fmt
 from .._io import read_tensor_file, resolve_inside
 from .._safe_read import check_regular_file
 from ..errors import PayloadError, TraceFormatError
+from .model import Node, ReprValue, TensorRecord
 from .reading import incomplete_reason, journal_of, read_tree
 from .validate import value_problem
-from .model import Node, ReprValue, TensorRecord
 
 _SHAPE = re.compile(r"-?\d+")
 _SCALAR = re.compile(r"tensor\(\s*([-+0-9.eEinfa]+)")
