@@ -39,7 +39,6 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +53,7 @@ from .noise import DEFAULT_NOISE_FACTOR
 from .ops import annotate_op_rows, pair_ops
 from .pairing import plan_pairs
 from .rename_map import RenameSpec, rename_rules
-from .result import Alignment, TensorComparison
+from .result import Alignment, TensorComparison, evolve
 from .slots import slot_rules
 from .tolerance import Tolerance, TolerancePolicy
 from .unrecorded import carry_origin, mark_unrecorded_origin
@@ -154,10 +153,13 @@ def align(
     rows = [_row(order, na, ra, nb, rb, *tolerances[order], fields)
             for order, ((na, ra, nb, rb), fields) in enumerate(zip(jobs, results))]
     rows = annotate_op_rows(rows, jobs, op_pairing)
+    del results  # the rows hold what they need: one copy of each row at a time from here
     rows = plan.annotate(rows, jobs)
+    rows = _with_origins(rows)
     with _workers(len(jobs) if trace_n is not None else 0) as run:
-        verdicts = judge(_with_origins(rows), jobs, trace_a, baseline=trace_n, noise_factor=float(noise_factor),
+        verdicts = judge(rows, jobs, trace_a, baseline=trace_n, noise_factor=float(noise_factor),
                          ignore=ignore_rules, run=run)
+    del rows
 
     known = [n.relative_path for n in trace_b.nodes()] + [n.relative_path for n in trace_a.nodes()]
     warnings = policy.unused_pattern_warnings(known)
@@ -203,9 +205,17 @@ def _workers(jobs: int) -> Iterator[Callable[..., list[Any]]]:
     torch.set_num_threads(1)
     try:
         with ThreadPoolExecutor(max_workers=cores, thread_name_prefix="tracediff-align") as pool:
-            yield lambda fn, items: list(pool.map(fn, items))
+            yield lambda fn, items: _in_chunks(pool, fn, list(items), cores)
     finally:
         torch.set_num_threads(previous)
+
+
+def _in_chunks(pool: ThreadPoolExecutor, fn: Callable[[Any], Any], items: list[Any], cores: int) -> list[Any]:
+    """``list(pool.map(fn, items))`` in runs of up to 64 items: one future per run, not per tensor pair
+    (a future and its lock per pair cost more time and memory than a pair compared from statistics)."""
+    size = max(1, min(64, len(items) // (cores * 8)))
+    runs = pool.map(lambda run: [fn(item) for item in run], [items[i:i + size] for i in range(0, len(items), size)])
+    return [result for run in runs for result in run]
 
 
 def _row(order: int, node_a: Node, ra: TensorRecord, node_b: Node, rb: TensorRecord,
@@ -256,7 +266,7 @@ def _with_origins(rows: list[TensorComparison]) -> list[TensorComparison]:
             else:  # nothing recorded before it diverged: the caller's own code between module calls did it
                 origin = "inherited" if earlier_divergence else "between modules"
             earlier_divergence = True
-        out.append(replace(row, input_err=input_err, amplification=amplification, origin=origin))
+        out.append(evolve(row, input_err=input_err, amplification=amplification, origin=origin))
     return out
 
 

@@ -10,14 +10,14 @@ map, structure or layout) and the transform relating it, if any.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..trace.load import Trace
 from ..trace.model import Node, TensorRecord
 from .layout import Transform, compare_transformed, find_fused, find_relayout
 from .matching import Matching, RenameRules, match_nodes
-from .result import TensorComparison, Unmatched
+from .result import TensorComparison, Unmatched, evolve
 from .slots import SlotRules, pair_tensors, squeezed
 from .suggest import suggest_rules
 from .unrecorded import all_unrecorded
@@ -70,7 +70,7 @@ class Plan:
                 out.append(row)
                 continue
             text = transform.describe(len(ra.shape or ())) if transform is not None else None
-            out.append(replace(row, matched_by=method, transform=text))
+            out.append(evolve(row, matched_by=method, transform=text))
         return out
 
 

@@ -55,7 +55,7 @@ from .._display import renderer_for, short_repr, summary_html
 FORMAT_VERSION = 1
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # no per-row __dict__: an alignment holds one row per compared tensor
 class TensorComparison:
     """One compared tensor pair.
 
@@ -346,3 +346,19 @@ class Alignment:
             "allow_incomplete": self.allow_incomplete,
             "noise_factor": self.noise_factor,
         }
+
+
+_ROW_FIELD_NAMES = tuple(f.name for f in fields(TensorComparison))
+_ROW_FIELDS = frozenset(_ROW_FIELD_NAMES)
+
+
+def evolve(row: TensorComparison, **changes: Any) -> TensorComparison:
+    """``dataclasses.replace(row, **changes)`` without re-running ``__init__`` (the same row: it has no
+    ``__post_init__`` and no ``init=False`` field); a large trace copies every row more than once."""
+    unknown = changes.keys() - _ROW_FIELDS
+    if unknown:
+        raise TypeError(f"TensorComparison has no field(s) {sorted(unknown)}")
+    new = object.__new__(type(row))
+    for name in _ROW_FIELD_NAMES:
+        object.__setattr__(new, name, changes[name] if name in changes else getattr(row, name))
+    return new

@@ -31,10 +31,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from ..trace.model import Node, TensorRecord
-from .result import TensorComparison
+from .result import TensorComparison, evolve
 
 
 @dataclass(frozen=True)
@@ -103,7 +103,7 @@ def find_sources(rows: Sequence[TensorComparison], contexts: Sequence[RowContext
             origin = _origin(side, phase, node) if is_source else "inherited"
             if is_source and origin == "between modules" and node.parent is not None:
                 reason = _join(reason, _between_note(node))
-        out.append(replace(row, growth=growth, origin=origin, reason=reason))
+        out.append(evolve(row, growth=growth, origin=origin, reason=reason))
         flags.append(is_source)
         if value is not None:
             _raise_running(running, phase, node, value)

@@ -22,27 +22,13 @@ from .matching import (
     unmatched_lines,
     unrecorded_note,
 )
+from .strict_json import strict_json_value
 from .verdicts import baseline_line, focus_row, ignored_lines, origin_note, source_lines
 
 _SHOWN = ["order", "module_path_b", "tensor", "shape_b", "dtype_b", "max_abs_err", "max_rel_err", "cosine",
           "mismatch_fraction", "noise_ratio", "growth", "status", "origin"]
 _HEADERS = ["#", "module (B)", "tensor", "shape", "dtype", "max abs", "max rel", "cosine", "mismatch", "x noise",
             "growth", "status", "origin"]
-
-
-def strict_json_value(value: Any) -> Any:
-    """Replace NaN by None and infinities by strings, recursively."""
-    if isinstance(value, float):
-        if math.isnan(value):
-            return None
-        if math.isinf(value):
-            return "inf" if value > 0 else "-inf"
-        return value
-    if isinstance(value, dict):
-        return {k: strict_json_value(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [strict_json_value(v) for v in value]
-    return value
 
 
 def render_json(result: Alignment) -> str:

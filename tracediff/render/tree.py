@@ -18,7 +18,7 @@ import math
 
 from .._text import printable
 from ..show import NodeView, TensorView, TraceView
-from .alignment import strict_json_value
+from .strict_json import strict_json_value
 
 _INDENT = "  "
 _STAT_HEADERS = ["shape", "dtype", "mean", "std", "min", "max", ""]

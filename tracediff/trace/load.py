@@ -20,10 +20,9 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from .. import format as fmt
 from .._io import read_tensor_file, resolve_inside
@@ -32,6 +31,9 @@ from ..errors import PayloadError, TraceFormatError
 from .model import Node, ReprValue, TensorRecord
 from .reading import incomplete_reason, journal_of, read_tree
 from .validate import value_problem
+
+if TYPE_CHECKING:
+    import torch
 
 _SHAPE = re.compile(r"-?\d+")
 _SCALAR = re.compile(r"tensor\(\s*([-+0-9.eEinfa]+)")
@@ -259,6 +261,7 @@ def _tensor_record(entry: dict[str, Any], slot: str, order: int) -> TensorRecord
     )
 
 
+@lru_cache(maxsize=4096)  # a trace repeats few shapes: parsed once, and one tuple shared by every record
 def parse_shape(text: str) -> tuple[int, ...] | None:
     """``"torch.Size([1, 7, 32])"`` -> ``(1, 7, 32)``."""
     if "Size" not in text and "[" not in text and "(" not in text:
