@@ -221,7 +221,9 @@ def distinct_tensors(model: torch.nn.Module, input_ids: torch.Tensor) -> list[to
     return [copy for _, copy in seen.values()]
 
 
-def floor_measures(tensors: list[torch.Tensor], root: Path) -> dict[str, tuple[str, Callable[[], tuple[float, int, int]]]]:
+def floor_measures(
+    tensors: list[torch.Tensor], root: Path
+) -> dict[str, tuple[str, Callable[[], tuple[float, int, int]]]]:
     """What no capture can beat: writing the tensors to fresh files, and computing their statistics."""
     from tracediff._io import write_tensor_file
     from tracediff.capturing.stats import StatsBuffers, tensor_stats
@@ -269,8 +271,9 @@ def _status_kib(field: str) -> int | None:
 
 def measure_memory_here(name: str, layers: int, seq_len: int, root: Path) -> dict[str, Any]:
     """Run in a fresh subprocess: RSS before the measured run and its peak, in MiB."""
-    import tracediff  # noqa: F401 - every configuration starts with the same modules loaded
     import transformers  # noqa: F401
+
+    import tracediff  # noqa: F401 - every configuration starts with the same modules loaded
 
     model, input_ids = build_model(layers, seq_len)
     run_once(name, model, input_ids, root)
@@ -439,7 +442,8 @@ def main(argv: list[str] | None = None) -> int:
         print("\npeak RSS (MiB) of a full capture by depth, next to a plain forward of the same model:")
         for layers, mem in depth.items():
             extra = mem["full"]["peak_rss_mib"] - mem["plain"]["peak_rss_mib"]
-            print(f"  {layers:3d} layers: plain {mem['plain']['peak_rss_mib']:.0f}, full {mem['full']['peak_rss_mib']:.0f}"
+            print(f"  {layers:3d} layers: plain {mem['plain']['peak_rss_mib']:.0f}, "
+                  f"full {mem['full']['peak_rss_mib']:.0f}"
                   f" (+{extra:.0f})")
     if args.json:
         report = {"facts": facts, "repeats": args.repeats, "layers": args.layers, "seq_len": args.seq_len,

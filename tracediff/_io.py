@@ -71,7 +71,7 @@ def tensor_bytes(tensor: torch.Tensor) -> memoryview:
     flat = t.reshape(-1)
     if flat.stride(0) != 1:  # a one-element view can keep any stride and still count as contiguous
         flat = torch.empty(flat.shape, dtype=flat.dtype).copy_(flat)
-    return memoryview(flat.view(torch.uint8).numpy())
+    return memoryview(flat.view(torch.uint8).numpy())  # type: ignore[arg-type]
 
 
 def write_tensor_file(path: str | os.PathLike[str], tensor: torch.Tensor) -> int:

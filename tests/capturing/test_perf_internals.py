@@ -33,7 +33,8 @@ scalars = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan
 keys = st.one_of(st.text(), st.integers(), st.floats(), st.booleans(), st.none())
 json_values = st.recursive(
     scalars,
-    lambda inner: st.one_of(st.lists(inner, max_size=4), st.tuples(inner, inner), st.dictionaries(keys, inner, max_size=4)),
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.tuples(inner, inner),
+                            st.dictionaries(keys, inner, max_size=4)),
     max_leaves=30,
 )
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import tracediff
-from tests.models import EmitAll, Containers, seeded, tiny_llama, toy_input
+from tests.models import Containers, EmitAll, seeded, tiny_llama, toy_input
 from tracediff.cli.main import main
 from tracediff.errors import TraceFormatError, UsageError
 from tracediff.render.tree import CSV_COLUMNS, render_csv, render_json, render_tree

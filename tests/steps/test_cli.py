@@ -48,20 +48,23 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return paths
 
 
-def test_identical_runs_exit_0(runs: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+def test_identical_runs_exit_0(
+    runs: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["steps", str(runs["a"]), str(runs["same"])]) == 0
     out = capsys.readouterr().out
     assert out.splitlines()[0] == f"{runs['a']} vs {runs['same']} (atol=0, rtol=0): identical over 4 shared steps"
 
 
-def test_divergence_exits_1_and_names_step_group_and_entry(runs: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+def test_divergence_exits_1_and_names_step_group_and_entry(
+    runs: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["steps", str(runs["a"]), str(runs["lr"])]) == 1
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == f"{runs['a']} vs {runs['lr']} (atol=0, rtol=0): diverged at step 2, optimizer param_groups.0.lr"
     assert lines[2] == "first divergence: step 2, rank 0, group optimizer, param_groups.0.lr: value 0.01 vs 0.02"
 
 
-def test_json_output_has_the_documented_keys(runs: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+def test_json_output_has_the_documented_keys(
+    runs: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["steps", str(runs["a"]), str(runs["lr"]), "--format", "json"]) == 1
     report = json.loads(capsys.readouterr().out)
     assert report["format_version"] == 1 and report["passed"] is False
@@ -72,13 +75,15 @@ def test_json_output_has_the_documented_keys(runs: dict[str, Path], capsys: pyte
     assert [row["status"] for row in report["steps"]] == ["identical", "identical", "diverged", "diverged"]
 
 
-def test_json_output_of_identical_runs_has_null_divergence(runs: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+def test_json_output_of_identical_runs_has_null_divergence(
+    runs: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["steps", str(runs["a"]), str(runs["same"]), "--format", "json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["passed"] is True and report["first_divergence"] is None
 
 
-def test_csv_output_to_a_file(runs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_csv_output_to_a_file(
+    runs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     target = tmp_path / "steps.csv"
     assert main(["steps", str(runs["a"]), str(runs["lr"]), "--format", "csv", "--output", str(target)]) == 1
     assert capsys.readouterr().out == ""
@@ -87,7 +92,8 @@ def test_csv_output_to_a_file(runs: dict[str, Path], tmp_path: Path, capsys: pyt
     assert [(r["step"], r["first_group"], r["first_name"]) for r in rows][2] == ("2", "optimizer", "param_groups.0.lr")
 
 
-def test_different_schedules_compare_shared_steps(runs: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+def test_different_schedules_compare_shared_steps(
+    runs: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["steps", str(runs["a"]), str(runs["late"]), "--format", "json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert [row["step"] for row in report["steps"]] == [3]
@@ -112,19 +118,22 @@ def _error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> str:
     return captured.err.rstrip("\n")
 
 
-def test_folder_that_is_not_a_run_exits_2(runs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_folder_that_is_not_a_run_exits_2(
+    runs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     err = _error(["steps", str(runs["a"]), str(tmp_path)], capsys)
     assert err == (f"tracediff steps: error: {tmp_path}: no run.json; "
                    "not a training record written by tracediff.StepRecorder")
 
 
-def test_missing_folder_exits_2(runs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_missing_folder_exits_2(
+    runs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     err = _error(["steps", str(tmp_path / "nope"), str(runs["a"])], capsys)
     assert err == (f"tracediff steps: error: {tmp_path / 'nope'}: not a folder; "
                    "expected a training record written by tracediff.StepRecorder")
 
 
-def test_truncated_record_exits_2(runs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_truncated_record_exits_2(
+    runs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     import shutil
 
     broken = tmp_path / "broken"
@@ -143,7 +152,8 @@ def test_foreign_run_json_exits_2(tmp_path: Path, runs: dict[str, Path], capsys:
                    "not a training record written by tracediff.StepRecorder")
 
 
-def test_negative_tolerance_exits_2(runs: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+def test_negative_tolerance_exits_2(
+    runs: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
     err = _error(["steps", str(runs["a"]), str(runs["same"]), "--rtol", "-0.1"], capsys)
     assert err == "tracediff steps: error: rtol=-0.1: expected a finite number >= 0"
 

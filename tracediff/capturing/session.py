@@ -51,15 +51,15 @@ from .._io import ensure_writable_dir, write_json, write_json_pair
 from .._version import __version__
 from ..errors import OutputDirError, TracediffError, UsageError
 from ._patch import ForwardPatch
-from .journal import Journal, claim_folder, held_claim
-from .signals import termination_as_interrupt
-from .ops import op_capture, select_ops
-from .backward import BackwardRecorder
 from ._tree import prune_intermediate_layers, trace_file_names
+from .backward import BackwardRecorder
 from .compat import sanitize_repr
 from .distributed import current_rank, world_size
 from .encode import Encoder, TensorMode
+from .journal import Journal, claim_folder, held_claim
+from .ops import op_capture, select_ops
 from .pipeline import DEFAULT_POOL_MB, check_pipeline_options, close_pipeline, payload_pipeline
+from .signals import termination_as_interrupt
 from .verify import Verification, compare_outputs
 
 _TENSOR_MODES = ("full", "summary", "repr")

@@ -24,9 +24,11 @@ def register(sub: Any) -> None:
     p = sub.add_parser("align", help="find where trace B first departs from reference trace A",
                        description="Compare trace B (the port) against reference trace A and report the first "
                                    "diverging tensor in execution order.",
-                       epilog=EXAMPLE + "\n\n" + exit_codes_help("every compared tensor within tolerance and both traces complete",
-                                  "something diverges, cannot be read, or a trace is incomplete "
-                                  "(without --allow-incomplete)"), formatter_class=argparse.RawDescriptionHelpFormatter)
+                       epilog=EXAMPLE + "\n\n" + exit_codes_help(
+                           "every compared tensor within tolerance and both traces complete",
+                           "something diverges, cannot be read, or a trace is incomplete "
+                           "(without --allow-incomplete)"),
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     add_alignment_options(p)
     p.add_argument("--suggest-map", metavar="FILE",
                    help="write every rename rule inferred from the pairs found by structure or layout (the "
@@ -42,7 +44,6 @@ def register(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..._io import write_json
-
     from .._alignment_options import run_alignment
 
     result = run_alignment(args, "align")

@@ -22,7 +22,8 @@ under torch.no_grad()."""
 def register(sub: Any) -> None:
     p = sub.add_parser("capture", help="record every module call of one forward pass",
                        description="Record every module call of one forward pass into a trace folder.",
-                       epilog=EXAMPLE + "\n\n" + exit_codes_help("captured", "--verify found a difference"), formatter_class=argparse.RawDescriptionHelpFormatter)
+                       epilog=EXAMPLE + "\n\n" + exit_codes_help("captured", "--verify found a difference"),
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("spec", metavar="SPEC", help="package.module:function or path/to/script.py:function")
     p.add_argument("--out", required=True, metavar="DIR", help="trace folder (must be empty unless --overwrite)")
     p.add_argument("--inputs", metavar="FILE", help="safetensors file replacing the example inputs "

@@ -23,7 +23,9 @@ def register(sub: Any) -> None:
     p = sub.add_parser("demo", help="run the porting story on a built-in example (start here)",
                        description="Capture a reference model and a buggy port of it, align them, and write\n"
                                    "the traces, the rename map and an HTML report into one folder.",
-                       epilog=EXAMPLE + "\n\n" + exit_codes_help("the demo ran and found the planted bug", "it did not find it"), formatter_class=argparse.RawDescriptionHelpFormatter)
+                       epilog=EXAMPLE + "\n\n" + exit_codes_help(
+                           "the demo ran and found the planted bug", "it did not find it"),
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default="tracediff-demo", metavar="DIR",
                    help="demo folder (default: tracediff-demo in the current directory)")
     p.add_argument("--overwrite", action="store_true", help="replace the files of an earlier demo in DIR")

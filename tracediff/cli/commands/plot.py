@@ -20,7 +20,9 @@ pip install 'tracediff[plot]'. The alignment options are those of align."""
 def register(sub: Any) -> None:
     p = sub.add_parser("plot", help="draw the error of every tensor along execution order (PNG/SVG/PDF)",
                        description="Align trace B against reference trace A and draw the error-growth plot.",
-                       epilog=EXAMPLE + "\n\n" + exit_codes_help("the plot was written (whether or not the traces diverge)"), formatter_class=argparse.RawDescriptionHelpFormatter)
+                       epilog=EXAMPLE + "\n\n" + exit_codes_help(
+                           "the plot was written (whether or not the traces diverge)"),
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     add_alignment_options(p)
     p.add_argument("--output", "-o", required=True, metavar="FILE", help="image to write: .png, .svg or .pdf")
     p.add_argument("--title", help="plot title (default: the two model names and the verdict)")
@@ -29,7 +31,6 @@ def register(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ...render.plot import check_plot_target, plot_alignment
-
     from .._alignment_options import run_alignment
 
     check_plot_target(args.output)  # fail before the alignment work when matplotlib is missing

@@ -23,7 +23,8 @@ def register(sub: Any) -> None:
     p = sub.add_parser("show", help="print the call tree of one trace with shapes, dtypes and statistics",
                        description="Print the call tree of one trace: every module call with the shape, dtype,\n"
                                    "mean, std, min and max of its tensors; NaN/Inf flagged.",
-                       epilog=EXAMPLE + "\n\n" + exit_codes_help("shown (an incomplete trace is shown and says so)"), formatter_class=argparse.RawDescriptionHelpFormatter)
+                       epilog=EXAMPLE + "\n\n" + exit_codes_help("shown (an incomplete trace is shown and says so)"),
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("trace", metavar="TRACE", help="trace folder (or its JSON file)")
     p.add_argument("--path", metavar="GLOB", help="only calls whose module path matches GLOB (and their subtrees)")
     p.add_argument("--depth", type=_depth, metavar="N", help="levels shown below the root (or below each match)")

@@ -23,7 +23,10 @@ abs_mean, std, median) satisfy |b - a| <= atol + rtol * |a|."""
 def register(sub: Any) -> None:
     p = sub.add_parser("steps", help="find the first training step at which two recorded runs differ",
                        description="Compare two training records written by tracediff.StepRecorder.",
-                       epilog=EXAMPLE + "\n\n" + exit_codes_help("identical or within tolerance", "a divergence (comparing nothing is exit 2, never a pass)"), formatter_class=argparse.RawDescriptionHelpFormatter)
+                       epilog=EXAMPLE + "\n\n" + exit_codes_help(
+                           "identical or within tolerance",
+                           "a divergence (comparing nothing is exit 2, never a pass)"),
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run_a", metavar="RUN_A", help="the reference run folder")
     p.add_argument("run_b", metavar="RUN_B", help="the run folder compared with it")
     p.add_argument("--atol", type=float, default=0.0, metavar="F",
