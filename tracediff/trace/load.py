@@ -17,6 +17,7 @@ their recorded statistics instead.
 
 from __future__ import annotations
 
+import gc
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -125,6 +126,16 @@ def load_trace(path: str | Path) -> Trace:
     truncated, or not a call tree, or when its metadata carries a
     ``format_version`` of a newer major version than this tracediff reads.
     """
+    enabled = gc.isenabled()
+    gc.disable()  # reading allocates millions of containers and frees almost none: collections would only rescan them
+    try:
+        return _load_trace(path)
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _load_trace(path: str | Path) -> Trace:
     json_path = find_trace_json(path)
     directory = json_path.parent
     # confined to the folder given (or the JSON file's folder), bounded, regular files only; field types checked
