@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Callable
 from typing import Any
 
 from ..errors import UsageError
@@ -52,37 +53,19 @@ def _items(parsed: Any) -> list[tuple[str, Any]]:
     return [(str(op), av) for op, av in parsed]
 
 
-def _has_variable_repeat(parsed: Any) -> bool:
-    """True when ``parsed`` (a parsed subpattern) contains a backtracking repeat of variable count."""
+def _any_repeat(parsed: Any, flagged: Callable[[int, int, Any], bool]) -> bool:
+    """True when a backtracking repeat ``(low, high, sub)`` somewhere in ``parsed`` is ``flagged``.
+
+    Possessive repeats and atomic groups are skipped: nothing backtracks into them.
+    """
     stack = [parsed]
-    while stack:
-        for op, av in _items(stack.pop()):
-            if op in _SAFE_WRAPPERS:
-                continue  # possessive and atomic: no backtracking into them
-            if op in _REPEATS:
-                low, high, sub = av
-                if high > low and high > 1:  # a variable count: (a{1,3})+ splits a run of a's many ways too
-                    return True
-                stack.append(sub)
-            elif op == "SUBPATTERN":
-                stack.append(av[-1])
-            elif op == "BRANCH":
-                stack.extend(av[1])
-            elif op in ("ASSERT", "ASSERT_NOT"):
-                stack.append(av[1])
-    return False
-
-
-def nested_quantifier(pattern: str) -> bool:
-    """True when ``pattern`` repeats without bound a group that itself repeats without bound (see above)."""
-    stack = [_sre_parse.parse(pattern)]
     while stack:
         for op, av in _items(stack.pop()):
             if op in _SAFE_WRAPPERS:
                 continue
             if op in _REPEATS:
                 low, high, sub = av
-                if (high == _UNBOUNDED or high > _LARGE_REPEAT) and _has_variable_repeat(sub):
+                if flagged(low, high, sub):
                     return True
                 stack.append(sub)
             elif op == "SUBPATTERN":
@@ -92,6 +75,18 @@ def nested_quantifier(pattern: str) -> bool:
             elif op in ("ASSERT", "ASSERT_NOT"):
                 stack.append(av[1])
     return False
+
+
+def _has_variable_repeat(parsed: Any) -> bool:
+    """True when ``parsed`` (a parsed subpattern) contains a backtracking repeat of variable count."""
+    # a variable count: (a{1,3})+ splits a run of a's many ways too
+    return _any_repeat(parsed, lambda low, high, sub: high > low and high > 1)
+
+
+def nested_quantifier(pattern: str) -> bool:
+    """True when ``pattern`` repeats without bound a group that itself repeats without bound (see above)."""
+    return _any_repeat(_sre_parse.parse(pattern), lambda low, high, sub: (
+        (high == _UNBOUNDED or high > _LARGE_REPEAT) and _has_variable_repeat(sub)))
 
 
 def check_rule(pattern: str, replacement: str, *, source: str, index: int) -> None:

@@ -37,8 +37,11 @@ from .session import CaptureSession, capture, check_out_dir
 Inputs = tuple[tuple[Any, ...], dict[str, Any]]
 
 
-def load_spec(spec: str) -> tuple[nn.Module, Inputs]:
-    """Import the SPEC's function, call it, and return ``(model, (args, kwargs))``."""
+def call_spec(spec: str) -> tuple[Any, str]:
+    """Import the SPEC's function (``package.module:function`` or ``path/to/script.py:function``), call it.
+
+    Returns what it returned and the function's name (for messages); anything it raises becomes one line.
+    """
     target, sep, func_name = spec.rpartition(":")
     if not sep or not target or not func_name:
         raise CaptureSpecError(f"{spec}: expected package.module:function or path/to/script.py:function")
@@ -47,9 +50,14 @@ def load_spec(spec: str) -> tuple[nn.Module, Inputs]:
     if not callable(func):
         raise CaptureSpecError(f"{spec}: {target} has no function {func_name!r}")
     try:
-        result = func()
+        return func(), func_name
     except Exception as e:  # noqa: BLE001 - the user's code; report it in one line
         raise CaptureSpecError(f"{spec}: calling {func_name}() raised {_describe(e)}") from e
+
+
+def load_spec(spec: str) -> tuple[nn.Module, Inputs]:
+    """Import the SPEC's function, call it, and return ``(model, (args, kwargs))``."""
+    result, func_name = call_spec(spec)
     if not (isinstance(result, tuple) and len(result) == 2):
         raise CaptureSpecError(f"{spec}: {func_name}() must return (model, inputs), got {type(result).__name__}")
     model, inputs = result
