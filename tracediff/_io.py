@@ -152,16 +152,26 @@ def _write_text_atomically(path: Path, data: bytes, *, user_target: bool = False
 
         write_output(path, data)
         return
+    replace_with(path, data)
+
+
+def replace_with(path: Path, data: bytes, *, mode: int | None = None, name: Path | None = None) -> None:
+    """Write ``data`` to an exclusive temporary file beside ``path`` (with ``mode``), then rename it onto ``path``.
+
+    ``OutputDirError`` names ``name`` (default ``path``): the file the user asked for, when ``path`` is a link's target.
+    """
     fd, tmp = _temp_beside(path)
     try:
         try:
+            if mode is not None:
+                os.fchmod(fd, mode)
             _write_all(fd, [data])
         finally:
             os.close(fd)
         os.replace(tmp, path)
     except OSError as e:
         _discard(tmp)
-        raise OutputDirError(f"{path}: could not write: {e.strerror or e}") from e
+        raise OutputDirError(f"{name or path}: could not write: {e.strerror or e}") from e
 
 
 def write_json_pair(path: str | os.PathLike[str], stripped_path: str | os.PathLike[str], obj: Any, *,

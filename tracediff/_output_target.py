@@ -21,7 +21,7 @@ from .errors import OutputDirError
 
 def write_output(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` as described in the module docstring; ``OutputDirError`` names the file."""
-    from ._io import _discard, _temp_beside, _write_all
+    from ._io import replace_with
 
     target = Path(os.path.realpath(path)) if os.path.islink(path) else path
     try:
@@ -37,18 +37,7 @@ def write_output(path: Path, data: bytes) -> None:
     if info is not None and not stat.S_ISREG(info.st_mode):
         _write_in_place(path, target, data)
         return
-    fd, tmp = _temp_beside(target)
-    try:
-        try:
-            if info is not None:
-                os.fchmod(fd, stat.S_IMODE(info.st_mode))
-            _write_all(fd, [data])
-        finally:
-            os.close(fd)
-        os.replace(tmp, target)
-    except OSError as e:
-        _discard(tmp)
-        raise OutputDirError(f"{path}: could not write: {e.strerror or e}") from e
+    replace_with(target, data, mode=stat.S_IMODE(info.st_mode) if info is not None else None, name=path)
 
 
 def _write_in_place(path: Path, target: Path, data: bytes) -> None:
