@@ -16,7 +16,7 @@ from torch import nn
 import tracediff
 from tests.capturing.helpers import files, find, metadata, payload, trace_json
 from tests.models import SharedLoop, seeded, tiny_llama, toy_input
-from tracediff._io import read_tensor_file
+from tracediff._io import read_tensor_file, write_tensor_file
 from tracediff.capturing import pipeline as pipeline_module
 from tracediff.capturing.pipeline import HostPool, PayloadPipeline
 from tracediff.errors import OutputDirError, UsageError
@@ -252,3 +252,81 @@ def test_the_cli_takes_writers_and_pool_size_and_states_them(
     assert main(["capture", f"{spec}:build", "--out", str(tmp_path / "bad"), "--writers", "-1"]) == 2
     assert capsys.readouterr().err == ("tracediff capture: error: writers=-1: expected a number of threads, "
                                        "0 or more\n")
+
+
+def test_after_written_waits_for_every_payload_submitted_before_it(tmp_path: Path) -> None:
+    release = threading.Event()
+    written: list[str] = []
+
+    def slow(path: Path, tensor: torch.Tensor) -> int:
+        if path.name == "a.safetensors":
+            release.wait(10)
+        written.append(path.name)
+        return tensor.numel() * tensor.element_size()
+
+    pipe = PayloadPipeline(writers=2, pool_bytes=1 << 20, write=slow)
+    pipe.submit(tmp_path / "a.safetensors", torch.ones(4))  # held back until released
+    pipe.submit(tmp_path / "b.safetensors", torch.ones(4))
+    seen: list[list[str]] = []
+    pipe.after_written(lambda: seen.append(sorted(written)))
+    deadline = time.monotonic() + 10
+    while "b.safetensors" not in written and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert written == ["b.safetensors"] and seen == []  # b is on disk, a is not: not yet
+    release.set()
+    pipe.close()
+    assert seen == [["a.safetensors", "b.safetensors"]]
+    pipe.after_written(lambda: seen.append(["now"]))  # nothing pending: runs at once
+    assert seen[-1] == ["now"]
+
+
+def test_after_written_is_not_run_when_a_write_failed(tmp_path: Path) -> None:
+    def broken(path: Path, tensor: torch.Tensor) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    pipe = PayloadPipeline(writers=1, pool_bytes=1 << 20, write=broken)
+    pipe.submit(tmp_path / "a.safetensors", torch.ones(4))
+    ran: list[bool] = []
+    pipe.after_written(lambda: ran.append(True))
+    with pytest.raises(OutputDirError):
+        pipe.close()
+    assert ran == []
+
+
+def test_a_capture_with_writer_threads_journals_a_call_only_once_its_payloads_are_on_disk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tracediff import format as fmt
+    from tracediff.capturing.journal import Journal
+
+    def slow_write(path: Path, tensor: torch.Tensor) -> int:
+        time.sleep(0.005)  # writers fall behind the forward, as on a slow disk
+        return write_tensor_file(path, tensor)
+
+    missing: list[str] = []
+    journaled: list[bytes] = []
+    append = Journal._append
+
+    def checked_append(self: Journal, line: bytes) -> None:
+        entry = json.loads(line)
+        stack: list[object] = [entry.get(fmt.JOURNAL_NODE)]
+        while stack:
+            item = stack.pop()
+            if isinstance(item, dict):
+                value = item.get(fmt.VALUE)
+                if isinstance(value, str) and fmt.is_tensor_entry(item):
+                    name = value.removeprefix(fmt.PAYLOAD_REFERENCE_PREFIX)
+                    if not (self.path.parent / name).is_file():
+                        missing.append(name)
+                stack.extend(item.values())
+            elif isinstance(item, list):
+                stack.extend(item)
+        journaled.append(line)
+        append(self, line)
+
+    monkeypatch.setattr(pipeline_module, "write_tensor_file", slow_write)
+    monkeypatch.setattr(Journal, "_append", checked_append)
+    model, inputs = tiny_llama()
+    session = _capture(model, inputs, tmp_path / "out", writers=2, pool_mb=64)
+    exits = [line for line in journaled if fmt.JOURNAL_EXIT in json.loads(line)]
+    assert len(exits) == session.calls and missing == []  # type: ignore[attr-defined]

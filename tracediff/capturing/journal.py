@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -226,9 +227,9 @@ class Journal:
 
     ``finished(node)`` must be called only once the node's payloads are on
     disk: with payloads written synchronously that is when the call returns;
-    an asynchronous payload writer calls it when the node's last payload is
-    written. A journal that cannot be written is given up silently: it is a
-    safety net, never a reason to break the user's forward.
+    with an asynchronous payload writer, pass its ``after_written``. A journal
+    that cannot be written is given up silently: it is a safety net, never a
+    reason to break the user's forward.
     """
 
     def __init__(self, folder: Path) -> None:
@@ -250,18 +251,43 @@ class Journal:
                      fmt.MODULE_TYPE: node.get(fmt.MODULE_TYPE)})
         self._next += 1
 
-    def finished(self, node: dict[str, Any]) -> None:
+    def finished(self, node: dict[str, Any],
+                 after_written: Callable[[Callable[[], None]], None] | None = None) -> None:
+        """Record ``node`` as finished, once its payloads are on disk.
+
+        ``after_written`` (an asynchronous payload writer's) defers the line until
+        then; the line is built now, while ``node`` is still as the call left it.
+        """
         if self._fd is None or id(node) not in self._ids:
             return
         body = {key: value for key, value in node.items() if key != fmt.CHILDREN}
-        self._write({fmt.JOURNAL_EXIT: self._ids[id(node)], fmt.JOURNAL_NODE: body})
+        line = self._line({fmt.JOURNAL_EXIT: self._ids[id(node)], fmt.JOURNAL_NODE: body})
+        if line is None:
+            return
+        if after_written is None:
+            self._append(line)
+        else:
+            after_written(lambda: self._append(line))
 
     def _write(self, entry: dict[str, Any]) -> None:
-        assert self._fd is not None
+        line = self._line(entry)
+        if line is not None:
+            self._append(line)
+
+    def _line(self, entry: dict[str, Any]) -> bytes | None:
         try:
-            line = json.dumps(entry, separators=(",", ":"), default=str).encode("utf-8", "backslashreplace")
-            os.write(self._fd, line + b"\n")  # one write per line: O_APPEND keeps lines whole
-        except (OSError, ValueError, TypeError, RecursionError):
+            return json.dumps(entry, separators=(",", ":"), default=str).encode("utf-8", "backslashreplace") + b"\n"
+        except (ValueError, TypeError, RecursionError):
+            self.close()
+            return None
+
+    def _append(self, line: bytes) -> None:
+        fd = self._fd
+        if fd is None:
+            return
+        try:
+            os.write(fd, line)  # one write per line: O_APPEND keeps lines whole
+        except OSError:
             self.close()
 
     def close(self) -> None:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import os
 import queue
 import threading
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -106,6 +107,7 @@ class _Job:
     buffer: torch.Tensor
     done: Any  # a CUDA event to wait for before reading ``view``, or None
     source: torch.Tensor | None  # kept alive until its copy has completed
+    seq: int  # submission order, for ``after_written``
 
 
 class PayloadPipeline:
@@ -126,6 +128,10 @@ class PayloadPipeline:
         self.error: TracediffError | None = None
         self._write = write or write_tensor_file
         self._lock = threading.Lock()
+        self._submitted = 0  # queued jobs so far
+        self._written = 0  # every queued job below this number is done
+        self._done_above: set[int] = set()  # done jobs at or above ``_written`` (writers finish out of order)
+        self._waiting: deque[tuple[int, Callable[[], None]]] = deque()
         self._queue: queue.Queue[_Job | None] = queue.Queue()
         self._streams: dict[torch.device, Any] = {}
         self._threads = [threading.Thread(target=self._run, name=f"tracediff-writer-{i}", daemon=True)
@@ -158,7 +164,9 @@ class PayloadPipeline:
             done, source = self._copy_from_cuda(view, tensor), tensor
         else:
             view.copy_(tensor)
-        self._queue.put(_Job(path, view, buffer, done, source))
+        with self._lock:
+            seq, self._submitted = self._submitted, self._submitted + 1
+        self._queue.put(_Job(path, view, buffer, done, source, seq))
         return nbytes
 
     def _copy_from_cuda(self, view: torch.Tensor, tensor: torch.Tensor) -> Any:
@@ -200,6 +208,33 @@ class PayloadPipeline:
                 self._fail(OutputDirError(f"{job.path}: could not write payload: {type(e).__name__}: {e}"))
             finally:
                 self.pool.release(job.buffer)
+                self._job_done(job.seq)
+
+    def after_written(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` once every payload submitted so far is on disk: now when none is pending.
+
+        It runs on the writer thread that finishes the last of them, and not at
+        all when a write has failed: what it vouches for is then not on disk.
+        """
+        with self._lock:
+            if self._written < self._submitted:
+                self._waiting.append((self._submitted, callback))
+                return
+        if self.error is None:
+            callback()
+
+    def _job_done(self, seq: int) -> None:
+        with self._lock:
+            self._done_above.add(seq)
+            while self._written in self._done_above:
+                self._done_above.remove(self._written)
+                self._written += 1
+            ready = []
+            while self._waiting and self._waiting[0][0] <= self._written:
+                ready.append(self._waiting.popleft()[1])
+        if self.error is None:
+            for callback in ready:
+                callback()
 
     def _fail(self, error: TracediffError) -> None:
         with self._lock:

@@ -171,8 +171,9 @@ class _NativeRecorder:
 
     def _close(self, node: dict[str, Any]) -> bool:
         """Attach a finished call to its parent; True when it was a top-level call."""
-        if self.journal is not None:  # payloads are written synchronously: they are on disk now
-            self.journal.finished(node)
+        if self.journal is not None:  # written once the call's payloads are on disk
+            pipeline = self.encoder.pipeline
+            self.journal.finished(node, pipeline.after_written if pipeline is not None else None)
         while self.stack and self.stack[-1] is not node:
             self.stack.pop()
         if self.stack:
