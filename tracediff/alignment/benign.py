@@ -87,7 +87,10 @@ def _settle_saturated(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, i
         return b, 0
     info_a, info_b = torch.finfo(a.dtype), torch.finfo(b.dtype)
     wa = _workable(a)
-    low, high = torch.aminmax(wa.detach().reshape(-1).nan_to_num(nan=0.0, posinf=math.inf, neginf=-math.inf))
+    flat = wa.detach().reshape(-1)
+    low, high = torch.aminmax(flat)
+    if math.isnan(float(low)) or math.isnan(float(high)):  # NaN poisons the extremes: look past it (a copy)
+        low, high = torch.aminmax(flat.nan_to_num(nan=0.0, posinf=math.inf, neginf=-math.inf))
     if float(low) > info_a.min and float(high) < info_a.max:
         return b, 0
     wb = _workable(b)
