@@ -63,15 +63,19 @@ def tensor_bytes(tensor: torch.Tensor) -> memoryview:
     t = tensor.detach()
     if t.device.type != "cpu":
         t = t.cpu()
-    t = t.contiguous()
     if t.numel() == 0:
         return memoryview(b"")
+    return memoryview(byte_view(t).numpy())  # type: ignore[arg-type]
+
+
+def byte_view(tensor: torch.Tensor) -> torch.Tensor:
+    """The bytes of ``tensor`` (on its device) as a flat uint8 tensor; a copy only where the layout needs one."""
     import torch
 
-    flat = t.reshape(-1)
-    if flat.stride(0) != 1:  # a one-element view can keep any stride and still count as contiguous
-        flat = torch.empty(flat.shape, dtype=flat.dtype).copy_(flat)
-    return memoryview(flat.view(torch.uint8).numpy())  # type: ignore[arg-type]
+    flat = tensor.contiguous().reshape(-1)
+    if flat.numel() and flat.stride(0) != 1:  # a one-element view can keep any stride and still count as contiguous
+        flat = flat.clone(memory_format=torch.contiguous_format)
+    return flat.view(torch.uint8)
 
 
 def write_tensor_file(path: str | os.PathLike[str], tensor: torch.Tensor) -> int:

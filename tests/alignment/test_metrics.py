@@ -319,3 +319,9 @@ def test_different_shapes_are_refused() -> None:
 def test_empty_tensors() -> None:
     got = compare_tensors(torch.zeros(0), torch.zeros(0, dtype=torch.float64), atol=0, rtol=0)
     assert got.numel == 0 and got.within_tolerance and got.mismatch_fraction == 0.0
+
+
+def test_bitwise_equal_takes_a_one_element_view_with_a_stray_stride() -> None:
+    view = torch.arange(12.0).reshape(3, 4)[1:2, 1]
+    assert metrics.bitwise_equal(view, torch.tensor([5.0]))
+    assert not metrics.bitwise_equal(view, torch.tensor([-5.0]))

@@ -113,3 +113,11 @@ def test_compare_outputs_walks_nesting_and_compares_bits() -> None:
     pair = models.Pair(first=a, second=None, label="p")
     other = models.Pair(first=a + 1, second=None, label="p")
     assert compare_outputs(pair, other).differences == ("outputs.first: values differ (max abs difference 1)",)
+
+
+def test_a_one_element_view_with_a_stray_stride_is_compared_by_its_bytes() -> None:
+    rows = torch.arange(12.0).reshape(3, 4)
+    view = rows[1:2, 1]  # one element, stride 4: contiguous, yet no flat byte view of it exists
+    assert view.stride() == (4,)
+    assert compare_outputs(view, torch.tensor([5.0])).identical
+    assert not compare_outputs(view, torch.tensor([6.0])).identical

@@ -53,6 +53,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from .._io import byte_view
 from .scaled import ScaledSum, exponent_of, safe_ldexp, scale_down, scaled_sums, sums_are_safe
 
 CHUNK = 1 << 20
@@ -104,9 +105,7 @@ def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
         return False
     if a.numel() == 0:
         return True
-    a8 = a.contiguous().reshape(-1).view(torch.uint8)
-    b8 = b.contiguous().reshape(-1).view(torch.uint8)
-    return bool(torch.equal(a8, b8))
+    return bool(torch.equal(byte_view(a), byte_view(b)))
 
 
 def _identical(n: int) -> PairMetrics:

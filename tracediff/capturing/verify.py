@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from .._io import byte_view
+
 
 @dataclass(frozen=True)
 class Verification:
@@ -34,7 +36,7 @@ def _bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     a, b = a.detach().cpu().contiguous(), b.detach().cpu().contiguous()
     if a.numel() == 0:
         return True
-    return bool(torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8)))
+    return bool(torch.equal(byte_view(a), byte_view(b)))
 
 
 def _max_abs_difference(a: torch.Tensor, b: torch.Tensor) -> float:
