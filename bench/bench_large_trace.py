@@ -1,14 +1,17 @@
-"""Reading a large trace: ``tracediff show`` and ``tracediff align`` (against itself) on a ~200 MB trace JSON.
+"""Reading a large trace: ``tracediff show`` and ``tracediff align`` on a ~200 MB trace JSON.
 
 ::
 
     python bench/bench_large_trace.py --mb 200 --dir /tmp/large-trace
 
 Writes a synthetic tracediff trace (summary mode: statistics, no payloads) of
-a model with many layers until the FULL_TENSORS JSON reaches ``--mb``, then
-runs each command in a fresh process under ``/usr/bin/time -v`` and prints
-wall time and peak RSS (maximum resident set size). The trace is kept in
-``--dir`` for reruns (``--reuse``).
+a model with many layers until the FULL_TENSORS JSON reaches ``--mb``, and a
+second one beside it (``--dir``/port) with every mean moved by one part in a
+million (within tolerance, but no statistic is equal, so every pair is
+compared in full). Then runs each command in a fresh process under
+``/usr/bin/time -v`` and prints wall time and peak RSS (maximum resident set
+size): ``align`` compares the trace with itself, ``align-port`` with the
+moved copy. The traces are kept in ``--dir`` for reruns (``--reuse``).
 """
 
 from __future__ import annotations
@@ -23,27 +26,29 @@ import time
 from pathlib import Path
 
 
-def _tensor(i: int, shape: list[int]) -> dict[str, object]:
+def _tensor(i: int, shape: list[int], moved: float = 0.0) -> dict[str, object]:
     return {"shape": f"torch.Size({shape})", "dtype": "torch.float32",
-            "stats": {"numel": 4096, "mean": 0.001 * i, "std": 1.0 + i * 1e-6, "min": -3.5, "max": 3.5,
+            "stats": {"numel": 4096, "mean": 0.001 * (i + 1) * (1 + moved), "std": 1.0 + i * 1e-6, "min": -3.5,
+                      "max": 3.5,
                       "abs_mean": 0.79, "nan": 0, "posinf": 0, "neginf": 0, "zeros": 0}}
 
 
-def _layer(k: int) -> dict[str, object]:
+def _layer(k: int, moved: float) -> dict[str, object]:
     prefix = f"Big.layers.{k}"
     leaves = []
     for j, name in enumerate(("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "norm")):
         leaves.append({"module_path": f"{prefix}.{name}", "module_type": "Linear", "call_index": 0,
-                       "inputs": {"args": [_tensor(k * 10 + j, [1, 16, 256])]},
-                       "outputs": _tensor(k * 10 + j + 1, [1, 16, 256])})
+                       "inputs": {"args": [_tensor(k * 10 + j, [1, 16, 256], moved)]},
+                       "outputs": _tensor(k * 10 + j + 1, [1, 16, 256], moved)})
     return {"module_path": prefix, "module_type": "Block", "call_index": 0,
-            "inputs": {"args": [_tensor(k, [1, 16, 256])], "kwargs": {"use_cache": {"py_type": "bool",
-                                                                                      "py_value": False}}},
-            "children": leaves, "outputs": _tensor(k + 1, [1, 16, 256])}
+            "inputs": {"args": [_tensor(k, [1, 16, 256], moved)],
+                       "kwargs": {"use_cache": {"py_type": "bool", "py_value": False}}},
+            "children": leaves, "outputs": _tensor(k + 1, [1, 16, 256], moved)}
 
 
-def write_trace(folder: Path, megabytes: int) -> Path:
-    """Write the trace layer by layer (the JSON text is streamed, never held whole)."""
+def write_trace(folder: Path, megabytes: int, moved: float = 0.0, layers: int | None = None) -> int:
+    """Write the trace layer by layer (the JSON text is streamed, never held whole) until it reaches
+    ``megabytes`` or holds ``layers`` layers; returns the number of layers. ``moved``: see the top."""
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "Big_debug_tree_FULL_TENSORS.json"
     target = megabytes * 1_000_000
@@ -51,15 +56,15 @@ def write_trace(folder: Path, megabytes: int) -> Path:
         f.write('{"module_path": "Big", "module_type": "Big", "call_index": 0, '
                 '"inputs": {"args": []}, "children": [')
         k = 0
-        while f.tell() < target:
-            f.write((", " if k else "") + json.dumps(_layer(k), indent=2))
+        while (f.tell() < target) if layers is None else (k < layers):
+            f.write((", " if k else "") + json.dumps(_layer(k, moved), indent=2))
             k += 1
-        f.write('], "outputs": ' + json.dumps(_tensor(0, [1, 16, 256])) + "}")
+        f.write('], "outputs": ' + json.dumps(_tensor(0, [1, 16, 256], moved)) + "}")
     meta = {"format_version": "1.1", "tracediff_version": "bench", "model_name": "Big", "complete": True,
             "options": {"tensors": "summary"}}
     (folder / "tracediff_metadata.json").write_text(json.dumps(meta))
     print(f"wrote {path} ({path.stat().st_size / 1e6:.0f} MB, {k} layers, {k * 9 + 1} calls)", flush=True)
-    return path
+    return k
 
 
 def measure(argv: list[str]) -> tuple[float, float, float, int]:
@@ -79,16 +84,20 @@ def main() -> None:
     parser.add_argument("--mb", type=int, default=200, help="size of the trace JSON in MB (default 200)")
     parser.add_argument("--dir", default="/tmp/tracediff-large-trace", help="where the trace is written")
     parser.add_argument("--reuse", action="store_true", help="reuse the trace already in --dir")
-    parser.add_argument("--only", action="append", choices=["show", "show-json", "align"],
-                        help="run only this command (repeatable; default: all three)")
+    parser.add_argument("--only", action="append", choices=["show", "show-json", "align", "align-port"],
+                        help="run only this command (repeatable; default: all four)")
     args = parser.parse_args()
     folder = Path(args.dir)
-    if not (args.reuse and (folder / "Big_debug_tree_FULL_TENSORS.json").is_file()):
-        write_trace(folder, args.mb)
+    port = folder / "port"
+    if not (args.reuse and (folder / "Big_debug_tree_FULL_TENSORS.json").is_file()
+            and (port / "Big_debug_tree_FULL_TENSORS.json").is_file()):
+        layers = write_trace(folder, args.mb)
+        write_trace(port, args.mb, moved=1e-6, layers=layers)
     print(f"load average: {os.getloadavg()[0]:.2f}", flush=True)
     commands = {"show": ["show", str(folder)],
                 "show-json": ["show", str(folder), "--format", "json"],
-                "align": ["align", str(folder), str(folder)]}
+                "align": ["align", str(folder), str(folder)],
+                "align-port": ["align", str(folder), str(port)]}
     for name in args.only or list(commands):
         argv = commands[name]
         wall, cpu, rss, code = measure(argv)

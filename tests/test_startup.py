@@ -57,3 +57,16 @@ def test_import_tracediff_is_light() -> None:
     code = f"import sys, tracediff; print([m for m in {HEAVY!r} if m in sys.modules])"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_align_of_statistics_only_traces_imports_no_torch() -> None:
+    """Traces without payloads (summary or repr traces) are compared on statistics: torch is never imported."""
+    from pathlib import Path
+
+    repr_trace = str(Path(__file__).resolve().parent.parent / "fixtures" / "llama_tiny" / "repr")
+    argvs = [["align", repr_trace, repr_trace], ["show", repr_trace]]
+    probe = _PROBE.format(heavy=HEAVY, argvs=argvs)
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)
+    report = json.loads(out.stdout)
+    assert [code for _, code, _ in report] == [0, 0]
+    assert [heavy for _, _, heavy in report] == [[], []]

@@ -24,20 +24,24 @@ from __future__ import annotations
 
 import fnmatch
 import math
+import operator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ._display import short_repr, summary_html
+from ._frozen import frozen_builder
+from ._gc import paused_gc
 from .errors import UsageError
 from .trace.load import Trace, load_trace
 from .trace.model import Node, ReprValue, TensorRecord
 
 FORMAT_VERSION = 1
 _VALUE_CHARS = 80
+_STATS = operator.itemgetter("mean", "std", "min", "max", "nan", "posinf", "neginf")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class TensorView:
     """One recorded tensor of a call: slot, shape, dtype and its recorded statistics."""
 
@@ -64,13 +68,7 @@ class TensorView:
         debugger computes it in the tensor's dtype, so it overflows to -inf
         for an attention mask filled with the dtype's minimum.
         """
-        counts = [c for c in (self.nan, self.posinf, self.neginf) if c is not None]
-        if counts:
-            return any(counts)
-        bounds = [v for v in (self.min, self.max) if v is not None]
-        if bounds:
-            return not all(math.isfinite(v) for v in bounds)
-        return self.mean is not None and not math.isfinite(self.mean)
+        return _nonfinite(self.nan, self.posinf, self.neginf, self.min, self.max, self.mean)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -82,7 +80,7 @@ class TensorView:
         }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class NodeView:
     """One module call. ``depth`` is its depth in the trace (the root is 0); ``context`` marks an
     ancestor shown only to place the calls that matched ``path`` (its tensors and values are left out).
@@ -135,13 +133,13 @@ class TraceView:
     @property
     def tensors(self) -> list[tuple[NodeView, TensorView]]:
         """Every shown tensor with its call, in execution order."""
-        pairs = [(node, t) for node in self.nodes for t in node.tensors]
-        return sorted(pairs, key=lambda pair: pair[1].order)
+        return _in_order([(node, t) for node in self.nodes for t in node.tensors])
 
     @property
     def nonfinite(self) -> list[tuple[NodeView, TensorView]]:
         """The shown tensors holding NaN or Inf, in execution order."""
-        return [(node, t) for node, t in self.tensors if t.nonfinite]
+        # Filtering before the (stable) sort gives what filtering ``tensors`` gives, without sorting every tensor.
+        return _in_order([(node, t) for node in self.nodes for t in node.tensors if t.nonfinite])
 
     @property
     def first_nonfinite(self) -> str | None:
@@ -195,6 +193,11 @@ def show_trace(path_or_trace: str | Path | Trace, *, path: str | None = None, de
     """
     if depth is not None and depth < 0:
         raise UsageError(f"depth={depth}: expected 0 or more levels")
+    with paused_gc():  # a view per call and tensor of a trace that may hold hundreds of thousands
+        return _show(path_or_trace, path, depth)
+
+
+def _show(path_or_trace: str | Path | Trace, path: str | None, depth: int | None) -> TraceView:
     trace = path_or_trace if isinstance(path_or_trace, Trace) else load_trace(path_or_trace)
     every = trace.nodes()
     listed = _with_ops(every)  # op nodes (op-level capture) in call order under their module call
@@ -263,6 +266,19 @@ def _filtered(trace: Trace, every: list[Node], pattern: str, depth: int | None) 
     return shown
 
 
+def _in_order(pairs: list[tuple[NodeView, TensorView]]) -> list[tuple[NodeView, TensorView]]:
+    """``pairs`` sorted (stably) by the tensors' execution order; as they are when that is already the order."""
+    orders = [t.order for _, t in pairs]
+    if all(a <= b for a, b in zip(orders, orders[1:])):
+        return pairs
+    return sorted(pairs, key=lambda pair: pair[1].order)
+
+
+# one view per shown call and tensor: built without the frozen ``__init__``'s per-field ``object.__setattr__``
+_build_tensor_view = frozen_builder(TensorView)
+_build_node_view = frozen_builder(NodeView)
+
+
 def _view(node: Node, *, context: bool) -> NodeView:
     parent = node.parent
     phase = getattr(node, "phase", "forward")
@@ -277,31 +293,51 @@ def _view(node: Node, *, context: bool) -> NodeView:
     error = None
     if node.error:
         error = f"{node.error.get('type', 'error')}: {node.error.get('message', '')}".rstrip(": ")
-    return NodeView(
+    if context:
+        tensors: tuple[TensorView, ...] = ()
+        values: tuple[tuple[str, str], ...] = ()
+    else:
+        tensors = tuple([_tensor_view(record) for record in node.tensors])
+        values = tuple([(slot, _value_text(value)) for slot, value in node.values.items()]) if node.values else ()
+    return _build_node_view(
         module_path=node.module_path, relative_path=node.relative_path, name=name, call_index=node.call_index,
-        module_type=node.module_type if node.op is None else None, depth=node.depth,
-        tensors=() if context else tuple(_tensor_view(record) for record in node.tensors),
-        values=() if context else tuple((slot, _value_text(value)) for slot, value in node.values.items()),
-        error=error, context=context, phase=phase, op=node.op,
+        module_type=node.module_type if node.op is None else None, depth=node.depth, tensors=tensors,
+        values=values, error=error, context=context, phase=phase, op=node.op,
     )
 
 
 def _tensor_view(record: TensorRecord) -> TensorView:
     stats = record.stats
+    try:
+        mean, std, low, high, nan, posinf, neginf = _STATS(stats)
+        usual = (type(mean) is type(std) is type(low) is type(high) is float
+                 and type(nan) is type(posinf) is type(neginf) is int)
+    except KeyError:
+        usual = False
+    if not usual:  # anything but tracediff's float statistics and int counts
+        mean, std, low, high = (_number(stats.get(key)) for key in ("mean", "std", "min", "max"))
+        nan, posinf, neginf = (_count(stats.get(key)) for key in ("nan", "posinf", "neginf"))
+    return _build_tensor_view(slot=record.slot, order=record.order, shape=record.shape, dtype=record.dtype,
+                              mean=mean, std=std, min=low, max=high, nan=nan, posinf=posinf, neginf=neginf,
+                              has_payload=record.has_payload)
 
-    def number(key: str) -> float | None:
-        value = stats.get(key)
-        return float(value) if isinstance(value, (int, float)) else None
 
-    def count(key: str) -> int | None:
-        value = stats.get(key)
-        return int(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) else None
 
-    return TensorView(
-        slot=record.slot, order=record.order, shape=record.shape, dtype=record.dtype,
-        mean=number("mean"), std=number("std"), min=number("min"), max=number("max"),
-        nan=count("nan"), posinf=count("posinf"), neginf=count("neginf"), has_payload=record.has_payload,
-    )
+
+def _count(value: Any) -> int | None:
+    return int(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
+
+
+def _nonfinite(nan: int | None, posinf: int | None, neginf: int | None,
+               low: float | None, high: float | None, mean: float | None) -> bool:
+    """``TensorView.nonfinite`` from the tensor's statistics."""
+    if nan is not None or posinf is not None or neginf is not None:
+        return bool(nan or posinf or neginf)
+    if low is not None or high is not None:
+        return not all(math.isfinite(v) for v in (low, high) if v is not None)
+    return mean is not None and not math.isfinite(mean)
 
 
 def _value_text(value: Any) -> str:

@@ -10,7 +10,7 @@ import pytest
 
 import tracediff
 from tests.alignment.helpers import RENAME_RULES, TraceStore
-from tracediff.alignment.result import TABLE_COLUMNS, Alignment
+from tracediff.alignment.result import TABLE_COLUMNS, Alignment, TensorComparison
 
 
 @pytest.fixture(scope="module")
@@ -161,3 +161,23 @@ def test_a_missing_trace_is_caught_as_a_value_error(tmp_path: Path) -> None:
 
 def test_metrics_of_the_rows_are_plain_floats(buggy: Alignment) -> None:
     assert all(isinstance(row.max_abs_err, float) and not math.isnan(row.max_abs_err) for row in buggy.rows)
+
+
+def test_the_fast_row_builder_builds_the_same_frozen_row_as_the_class() -> None:
+    import dataclasses
+
+    from tracediff.alignment.result import build_row
+
+    values = dict(order=3, module_path_a="A.x", module_path_b="B.x", call_index=1, call_index_b=2, tensor="outputs",
+                  tensor_a="outputs.0", shape_a=(2, 3), shape_b=(2, 3), dtype_a="torch.float32",
+                  dtype_b="torch.bfloat16", max_abs_err=0.5, max_rel_err=0.25, mean_abs_err=0.1, rms_err=0.2,
+                  cosine=0.99, mismatch_fraction=0.5, nan_mismatch=0, inf_mismatch=1, atol=1e-5, rtol=1e-3,
+                  required_atol=0.5, required_rtol=0.3, within_tolerance=False, approximate=False, status="diverged")
+    built, reference = build_row(**values), TensorComparison(**values)
+    assert type(built) is TensorComparison and built == reference
+    assert [getattr(built, f.name) for f in dataclasses.fields(TensorComparison)] == \
+        [getattr(reference, f.name) for f in dataclasses.fields(TensorComparison)]  # the defaults too
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        built.status = "close"  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        build_row(order=1)  # a field without a default is still required

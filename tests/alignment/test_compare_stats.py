@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tracediff.alignment.compare import compare_stats
 from tracediff.capturing.stats import tensor_stats
@@ -89,3 +92,75 @@ def test_no_common_statistics_is_no_data() -> None:
     verdict = compare_stats(bare, native(ids), atol=0, rtol=0)
     assert (verdict["status"], verdict["within_tolerance"]) == ("no_data", None)
     assert verdict["reason"] == "no payload and no statistics in A"
+
+
+def test_equal_statistics_give_the_same_row_as_comparing_each_one() -> None:
+    """Equal statistics are settled at once; the row must be the one the statistic-by-statistic loop gives."""
+    stats = {"numel": 32, "mean": 0.25, "std": math.nan, "min": -math.inf, "max": 3.0, "abs_mean": 1.0,
+             "nan": 2, "posinf": 0, "neginf": 1}
+    ra = TensorRecord(slot="outputs", order=0, shape=(4, 8), dtype="torch.float32", stats=stats)
+    rb = TensorRecord(slot="outputs", order=0, shape=(4, 8), dtype="torch.float32", stats=dict(stats))
+    # the same numbers as new objects (NaN != NaN): not equal dicts, so every statistic is compared in turn
+    rc = TensorRecord(slot="outputs", order=0, shape=(4, 8), dtype="torch.float32",
+                      stats={k: v + 0.0 if isinstance(v, float) else v for k, v in stats.items()})
+    assert rb.stats == ra.stats and rc.stats != ra.stats
+    fast = compare_stats(ra, rb, atol=1e-5, rtol=1.3e-6)
+    slow = compare_stats(ra, rc, atol=1e-5, rtol=1.3e-6)
+    assert fast["status"] == "close" and fast["max_abs_err"] == 0.0
+    assert fast.keys() == slow.keys()
+    for key in fast:
+        assert fast[key] == slow[key] or (math.isnan(fast[key]) and math.isnan(slow[key])), key
+
+
+# --- the loop of compare_stats is written for speed; this is its rule written plainly, as the oracle ---
+
+def _plain_rule(ra: TensorRecord, rb: TensorRecord, atol: float, rtol: float) -> tuple[Any, ...]:
+    def rounding(record: TensorRecord, value: float) -> float:
+        return 0.0 if "numel" in record.stats or not math.isfinite(value) else 5e-5 * abs(value)
+
+    def overflowed(record: TensorRecord, key: str, value: float) -> bool:
+        bounds = [record.stats.get(k) for k in ("min", "max")]
+        return (key in ("mean", "std", "abs_mean") and not math.isfinite(value)
+                and all(isinstance(v, (int, float)) and math.isfinite(v) for v in bounds))
+
+    keys = [k for k in ("mean", "std", "min", "max", "abs_mean") if k in ra.stats and k in rb.stats]
+    worst_abs, worst_rel, need_atol, need_rtol, failing = 0.0, 0.0, 0.0, 0.0, []
+    for key in keys:
+        va, vb = float(ra.stats[key]), float(rb.stats[key])
+        if math.isnan(va) and math.isnan(vb) or va == vb or overflowed(ra, key, va) or overflowed(rb, key, vb):
+            continue
+        diff = abs(va - vb)
+        diff = math.inf if math.isnan(diff) else diff
+        excess = max(0.0, diff - rounding(ra, va) - rounding(rb, vb))
+        worst_abs = max(worst_abs, diff)
+        worst_rel = max(worst_rel, diff / abs(va) if va else math.inf)
+        need_atol = max(need_atol, excess)
+        need_rtol = max(need_rtol, excess / abs(va) if va else (math.inf if excess else 0.0))
+        if not (math.isfinite(excess) and excess <= atol + rtol * abs(va)):
+            failing.append(key)
+    return worst_abs, worst_rel, need_atol, need_rtol, failing
+
+
+_VALUES = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.sampled_from([0.0, 1.0, -2.5, 1e308]))
+
+
+@settings(max_examples=300)
+@given(st.dictionaries(st.sampled_from(["mean", "std", "min", "max", "abs_mean"]), _VALUES, min_size=1),
+       st.dictionaries(st.sampled_from(["mean", "std", "min", "max", "abs_mean"]), _VALUES, min_size=1),
+       st.booleans(), st.booleans(), st.sampled_from([0.0, 1e-5, 1e-2]), st.sampled_from([0.0, 1.3e-6, 1e-2]))
+def test_statistics_verdict_follows_the_plain_rule(stats_a: dict[str, float], stats_b: dict[str, float],
+                                                   numel_a: bool, numel_b: bool, atol: float, rtol: float) -> None:
+    ra = TensorRecord(slot="outputs", order=0, shape=(4,), dtype="torch.float32",
+                      stats=stats_a | ({"numel": 4} if numel_a else {}))
+    rb = TensorRecord(slot="outputs", order=0, shape=(4,), dtype="torch.float32",
+                      stats=stats_b | ({"numel": 4} if numel_b else {}))
+    if not set(stats_a) & set(stats_b):
+        return
+    got = compare_stats(ra, rb, atol=atol, rtol=rtol)
+    worst_abs, worst_rel, need_atol, need_rtol, failing = _plain_rule(ra, rb, atol, rtol)
+    same = [(got["max_abs_err"], worst_abs), (got["max_rel_err"], worst_rel),
+            (got["required_atol"], need_atol), (got["required_rtol"], need_rtol)]
+    assert all(x == y or (math.isnan(x) and math.isnan(y)) for x, y in same), (same, got)
+    assert got["within_tolerance"] is (not failing)
+    if failing:  # "compared on statistics only: mean 0.1 vs 0.2, max 3 vs 4"
+        assert [part.split(" ")[0] for part in got["reason"].split(": ", 1)[1].split(", ")] == failing

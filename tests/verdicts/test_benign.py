@@ -10,7 +10,7 @@ from torch import nn
 
 import tracediff
 from tracediff.alignment.benign import prepare_pair, squeezable
-from tracediff.alignment.compare import _compare_exact
+from tracediff.alignment.compare_payloads import _compare_exact
 
 F32_MIN, BF16_MIN = torch.finfo(torch.float32).min, torch.finfo(torch.bfloat16).min
 

@@ -5,9 +5,20 @@ for the metric definitions and :mod:`tracediff.alignment.tolerance` for the pass
 rule's defaults and overrides.
 """
 
+from typing import Any
+
 from .engine import align, assert_traces_close
-from .metrics import METRICS, PairMetrics, compare_tensors
 from .result import Alignment, ArgumentDiff, TensorComparison, Unmatched
+
+_FROM_METRICS = ("METRICS", "PairMetrics", "compare_tensors")  # import torch: loaded when first used
+
+
+def __getattr__(name: str) -> Any:
+    if name in _FROM_METRICS:
+        from . import metrics
+
+        return getattr(metrics, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = ["align", "assert_traces_close", "Alignment", "TensorComparison", "Unmatched", "ArgumentDiff",
            "compare_tensors", "PairMetrics", "METRICS"]

@@ -22,16 +22,9 @@ import math
 
 import torch
 
+from .shapes import squeezable, squeeze_note
+
 _EXACT_NOTE = "integers compared exactly"
-
-
-def squeezable(shape_a: tuple[int, ...], shape_b: tuple[int, ...]) -> bool:
-    """True when the shapes differ but agree once every dimension of size 1 is dropped."""
-    return shape_a != shape_b and [d for d in shape_a if d != 1] == [d for d in shape_b if d != 1]
-
-
-def squeeze_note(shape_a: tuple[int, ...], shape_b: tuple[int, ...]) -> str:
-    return f"compared after squeezing singleton dimensions: {list(shape_a)} vs {list(shape_b)}"
 
 
 def is_exact_dtype(dtype: torch.dtype) -> bool:

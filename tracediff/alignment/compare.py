@@ -1,23 +1,27 @@
-"""Comparing one matched tensor pair: from payloads when both exist, else from statistics."""
+"""Comparing one matched tensor pair: from payloads when both exist, else from statistics.
+
+Comparing statistics needs no torch: a trace of statistics only (a summary
+trace) is aligned without importing it. Payloads are compared in
+:mod:`tracediff.alignment.compare_payloads`.
+"""
 
 from __future__ import annotations
 
 import math
-from dataclasses import replace
-from typing import Any
+from functools import lru_cache
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from ..errors import TracediffError
 from ..format import MOMENT_STAT_KEYS
 from ..trace.load import Trace
 from ..trace.model import TensorRecord
-from .benign import exact_mismatches, is_exact_dtype, prepare_pair, squeezable, squeeze_note
-from .metrics import PairMetrics, compare_tensors
-from .raw_payload import identical_pair
+from .shapes import squeezable, squeeze_note
+
+if TYPE_CHECKING:
+    from .metrics import PairMetrics
 
 _STAT_KEYS = MOMENT_STAT_KEYS  # the statistics compared with a tolerance when a payload is missing
 NAN = math.nan
+_COUNT_KEYS = ("nan", "posinf", "neginf")
 
 
 def compare_records(
@@ -25,61 +29,22 @@ def compare_records(
 ) -> dict[str, Any]:
     """The metric fields of a row (status, reason and every metric) for one tensor pair."""
     if ra.shape is not None and rb.shape is not None and ra.shape != rb.shape and not squeezable(ra.shape, rb.shape):
-        return _verdict("shape_mismatch", False, f"shape differs: {list(ra.shape)} vs {list(rb.shape)}")
+        return verdict_fields("shape_mismatch", False, f"shape differs: {list(ra.shape)} vs {list(rb.shape)}")
     if ra.has_payload and rb.has_payload:
-        same = identical_pair(trace_a, ra, trace_b, rb)  # bitwise-equal files: no decoding
-        if same is not None:
-            return _from_metrics(same, approximate=False, note=_dtype_note(ra, rb))
-        try:
-            a, b = trace_a.load(ra), trace_b.load(rb)
-        except TracediffError as e:
-            return _verdict("unreadable", None, str(e))
-        if a.shape != b.shape and not squeezable(tuple(a.shape), tuple(b.shape)):
-            return _verdict("shape_mismatch", False, f"shape differs: {list(a.shape)} vs {list(b.shape)}")
-        stored = [_stored_dtype_note(side, r, t) for side, r, t in (("A", ra, a), ("B", rb, b))]
-        a, b, notes = prepare_pair(a, b)
-        notes = [*filter(None, stored), *notes]
-        if is_exact_dtype(a.dtype) and is_exact_dtype(b.dtype):
-            metrics = _compare_exact(a, b)
-        else:
-            metrics = compare_tensors(a, b, atol=atol, rtol=rtol)
-        note = "; ".join(filter(None, [_dtype_note(ra, rb), *notes]))
-        return _from_metrics(metrics, approximate=False, note=note)
+        from .compare_payloads import compare_payloads  # torch is imported only when payloads are compared
+
+        return compare_payloads(trace_a, ra, trace_b, rb, atol=atol, rtol=rtol)
     fields = compare_stats(ra, rb, atol=atol, rtol=rtol)
     if ra.shape != rb.shape and ra.shape is not None and rb.shape is not None:
         fields["reason"] += f"; {squeeze_note(ra.shape, rb.shape)}"
     return fields
 
 
-def _compare_exact(a: torch.Tensor, b: torch.Tensor) -> PairMetrics:
-    """Integer and bool pairs: metrics in float64, the verdict from an exact 64-bit comparison."""
-    metrics = compare_tensors(a.to(torch.float64), b.to(torch.float64), atol=0.0, rtol=0.0)
-    mismatched = exact_mismatches(a, b)
-    if not mismatched:
-        return metrics
-    # beyond 2**53 float64 rounds neighbours together: the largest difference comes from int64 arithmetic
-    diff = (a.to(torch.int64) - b.to(torch.int64)).abs().to(torch.float64)
-    worst = float(diff.max())
-    absa = a.to(torch.int64).abs().to(torch.float64)
-    rel = math.inf if bool(((absa == 0) & (diff > 0)).any()) else float((diff / absa.clamp(min=1)).max())
-    return replace(metrics, identical=False, mismatched=mismatched, max_abs_err=max(metrics.max_abs_err, worst),
-                   required_atol=max(metrics.required_atol, worst), max_rel_err=max(metrics.max_rel_err, rel),
-                   required_rtol=max(metrics.required_rtol, rel),
-                   mismatch_fraction=mismatched / metrics.numel if metrics.numel else 0.0)
-
-
-def _stored_dtype_note(side: str, record: TensorRecord, tensor: torch.Tensor) -> str:
-    """Said in the row when a payload holds another dtype than its trace JSON states (a payload was replaced)."""
-    if record.dtype is None or record.dtype.removeprefix("torch.") == str(tensor.dtype).removeprefix("torch."):
-        return ""
-    return f"{side}'s payload holds {tensor.dtype} but the trace says {record.dtype}"
-
-
-def _dtype_note(ra: TensorRecord, rb: TensorRecord) -> str:
+def dtype_note(ra: TensorRecord, rb: TensorRecord) -> str:
     return f"dtype differs: {ra.dtype} vs {rb.dtype} (compared in float64)" if ra.dtype != rb.dtype else ""
 
 
-def _from_metrics(m: PairMetrics, *, approximate: bool, note: str = "") -> dict[str, Any]:
+def metric_fields(m: PairMetrics, *, approximate: bool, note: str = "") -> dict[str, Any]:
     if m.identical:
         status, reason = "identical", note
     elif m.within_tolerance:
@@ -100,7 +65,7 @@ def _from_metrics(m: PairMetrics, *, approximate: bool, note: str = "") -> dict[
     }
 
 
-def _verdict(status: str, within: bool | None, reason: str) -> dict[str, Any]:
+def verdict_fields(status: str, within: bool | None, reason: str) -> dict[str, Any]:
     return {
         "status": status, "reason": reason, "within_tolerance": within, "approximate": False,
         "max_abs_err": NAN, "max_rel_err": NAN, "mean_abs_err": NAN, "rms_err": NAN, "cosine": NAN,
@@ -123,44 +88,74 @@ def compare_stats(ra: TensorRecord, rb: TensorRecord, *, atol: float, rtol: floa
     keys = [k for k in _STAT_KEYS if k in ra.stats and k in rb.stats]
     if not keys:
         missing = "A" if not ra.stats else "B"
-        return _verdict("no_data", None, f"no payload and no statistics in {missing}")
+        return verdict_fields("no_data", None, f"no payload and no statistics in {missing}")
+    if ra.stats == rb.stats and not (ra.stale_reason or rb.stale_reason):  # the same numbers: nothing differs
+        return _stats_fields(True, _compared_on(tuple(keys)), 0.0, 0.0, 0.0, 0.0, 0, 0)
+    sa, sb = ra.stats, rb.stats
+    # written in full by tracediff (with "numel"), or rounded to five digits by transformers: see _rounding
+    round_a, round_b = (0.0 if "numel" in stats else _REPR_ROUNDING for stats in (sa, sb))
+    isfinite, inf = math.isfinite, math.inf
     worst_abs, worst_rel, need_atol, need_rtol, failing = 0.0, 0.0, 0.0, 0.0, []
-    for key in keys:
-        va, vb = float(ra.stats[key]), float(rb.stats[key])
-        if math.isnan(va) and math.isnan(vb) or va == vb or _overflowed(ra, key, va) or _overflowed(rb, key, vb):
+    for key in keys:  # one row per compared tensor: the loop is written for speed, the rules are _rounding's
+        va, vb = float(sa[key]), float(sb[key])
+        if va == vb:
             continue
-        diff = abs(va - vb)
-        if math.isnan(diff):
-            diff = math.inf
-        excess = max(0.0, diff - _rounding(ra, va) - _rounding(rb, vb))
-        worst_abs = max(worst_abs, diff)
-        worst_rel = max(worst_rel, diff / abs(va) if va else math.inf)
-        need_atol = max(need_atol, excess)
-        need_rtol = max(need_rtol, excess / abs(va) if va else (math.inf if excess else 0.0))
-        if not (math.isfinite(excess) and excess <= atol + rtol * abs(va)):
+        if isfinite(va) and isfinite(vb):
+            diff = abs(va - vb)
+            excess = diff - round_a * abs(va) - round_b * abs(vb)
+        elif math.isnan(va) and math.isnan(vb) or _overflowed(ra, key, va) or _overflowed(rb, key, vb):
+            continue
+        else:
+            diff = abs(va - vb)
+            if math.isnan(diff):
+                diff = inf
+            excess = diff - _rounding(ra, va) - _rounding(rb, vb)
+        if not excess > 0.0:
+            excess = 0.0
+        scale = abs(va)
+        if diff > worst_abs:
+            worst_abs = diff
+        relative = diff / scale if va else inf
+        if relative > worst_rel:
+            worst_rel = relative
+        if excess > need_atol:
+            need_atol = excess
+        relative = excess / scale if va else (inf if excess else 0.0)
+        if relative > need_rtol:
+            need_rtol = relative
+        if not (isfinite(excess) and excess <= atol + rtol * scale):
             failing.append(f"{key} {va:.6g} vs {vb:.6g}")
-    counted = all(k in r.stats for r in (ra, rb) for k in ("nan", "posinf", "neginf"))
-    nan_a, nan_b = int(ra.stats.get("nan", 0)), int(rb.stats.get("nan", 0))
-    inf_a = int(ra.stats.get("posinf", 0)) + int(ra.stats.get("neginf", 0))
-    inf_b = int(rb.stats.get("posinf", 0)) + int(rb.stats.get("neginf", 0))
-    if not counted:  # transformers' traces record no counts: nothing to compare
-        nan_a = nan_b = inf_a = inf_b = 0
+    nan_a = nan_b = inf_a = inf_b = 0  # transformers' traces record no counts: nothing to compare
+    if all(k in sa and k in sb for k in _COUNT_KEYS):
+        nan_a, nan_b = int(sa["nan"]), int(sb["nan"])
+        inf_a, inf_b = int(sa["posinf"]) + int(sa["neginf"]), int(sb["posinf"]) + int(sb["neginf"])
     if nan_a != nan_b:
         failing.append(f"NaN count {nan_a} vs {nan_b}")
     if inf_a != inf_b:
         failing.append(f"Inf count {inf_a} vs {inf_b}")
-    within = not failing
-    reason = "compared on statistics only: " + (", ".join(failing) if failing else ", ".join(keys))
+    reason = "compared on statistics only: " + ", ".join(failing) if failing else _compared_on(tuple(keys))
     stale = ra.stale_reason or rb.stale_reason
     if stale:
         reason += f" ({stale})"
+    return _stats_fields(not failing, reason, worst_abs, worst_rel, need_atol, need_rtol, abs(nan_a - nan_b),
+                         abs(inf_a - inf_b))
+
+
+@lru_cache(maxsize=64)  # one reason string shared by every row that compared the same statistics
+def _compared_on(keys: tuple[str, ...]) -> str:
+    return "compared on statistics only: " + ", ".join(keys)
+
+
+def _stats_fields(within: bool, reason: str, worst_abs: float, worst_rel: float, need_atol: float,
+                  need_rtol: float, nan_mismatch: int, inf_mismatch: int) -> dict[str, Any]:
+    counts_agree = not (nan_mismatch or inf_mismatch)
     return {
         "status": "close" if within else "diverged",  # equal statistics do not prove equal tensors
         "reason": reason, "within_tolerance": within, "approximate": True,
         "max_abs_err": worst_abs, "max_rel_err": worst_rel, "mean_abs_err": NAN, "rms_err": NAN, "cosine": NAN,
-        "mismatch_fraction": NAN, "nan_mismatch": abs(nan_a - nan_b), "inf_mismatch": abs(inf_a - inf_b),
-        "required_atol": need_atol if nan_a == nan_b and inf_a == inf_b else math.inf,
-        "required_rtol": need_rtol if nan_a == nan_b and inf_a == inf_b else math.inf,
+        "mismatch_fraction": NAN, "nan_mismatch": nan_mismatch, "inf_mismatch": inf_mismatch,
+        "required_atol": need_atol if counts_agree else math.inf,
+        "required_rtol": need_rtol if counts_agree else math.inf,
     }
 
 

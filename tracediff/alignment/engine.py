@@ -42,8 +42,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import torch
-
+from .._gc import paused_gc
 from ..errors import UsageError
 from ..trace.load import Trace, load_trace
 from ..trace.model import Node, TensorRecord
@@ -53,7 +52,7 @@ from .noise import DEFAULT_NOISE_FACTOR
 from .ops import annotate_op_rows, pair_ops
 from .pairing import plan_pairs
 from .rename_map import RenameSpec, rename_rules
-from .result import Alignment, TensorComparison, evolve
+from .result import Alignment, TensorComparison, build_row, fill
 from .slots import slot_rules
 from .tolerance import Tolerance, TolerancePolicy
 from .unrecorded import carry_origin, mark_unrecorded_origin
@@ -122,6 +121,14 @@ def align(
     """
     if not (isinstance(noise_factor, (int, float)) and noise_factor >= 1):
         raise UsageError(f"noise_factor={noise_factor!r}: expected a number >= 1")
+    with paused_gc():  # a row per tensor, nodes per call: nothing here is garbage worth scanning for
+        return _align(a, b, atol=atol, rtol=rtol, rename=rename, progress=progress, baseline=baseline,
+                      noise_factor=noise_factor, ignore=ignore, match=match, allow_incomplete=allow_incomplete)
+
+
+def _align(a: TraceLike, b: TraceLike, *, atol: Tolerance, rtol: Tolerance, rename: RenameSpec, progress: bool,
+           baseline: TraceLike | None, noise_factor: float, ignore: Iterable[str] | str | None, match: str,
+           allow_incomplete: bool) -> Alignment:
     ignore_rules = check_ignore(ignore)
     trace_a, trace_b = _as_trace(a), _as_trace(b)
     trace_n = _as_trace(baseline) if baseline is not None else None
@@ -147,7 +154,8 @@ def align(
         tick(rb)
         return fields
 
-    with _workers(len(jobs)) as run:
+    # threads help only where torch works on payloads; statistics are compared in Python, under the GIL
+    with _workers(sum(1 for _, ra, _, rb in jobs if ra.has_payload and rb.has_payload)) as run:
         results = run(compare, range(len(jobs)))
     tick(None)
     rows = [_row(order, na, ra, nb, rb, *tolerances[order], fields)
@@ -161,8 +169,7 @@ def align(
                          ignore=ignore_rules, run=run)
     del rows
 
-    known = [n.relative_path for n in trace_b.nodes()] + [n.relative_path for n in trace_a.nodes()]
-    warnings = policy.unused_pattern_warnings(known)
+    warnings = policy.unused_pattern_warnings(n.relative_path for t in (trace_b, trace_a) for n in t.nodes())
     if matching.structural and match != "structure":
         warnings.insert(0, "module paths did not line up; nodes were matched by structure "
                            "(shapes and call order). Check the suggested rename map.")
@@ -201,6 +208,8 @@ def _workers(jobs: int) -> Iterator[Callable[..., list[Any]]]:
     if cores < 2 or jobs < 2:
         yield lambda fn, items: [fn(i) for i in items]
         return
+    import torch  # only here: threads are used where payloads are compared
+
     previous = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -220,7 +229,7 @@ def _in_chunks(pool: ThreadPoolExecutor, fn: Callable[[Any], Any], items: list[A
 
 def _row(order: int, node_a: Node, ra: TensorRecord, node_b: Node, rb: TensorRecord,
          atol: float, rtol: float, fields: dict[str, Any]) -> TensorComparison:
-    return TensorComparison(
+    return build_row(
         order=order, module_path_a=node_a.module_path, module_path_b=node_b.module_path,
         call_index=node_a.call_index, call_index_b=node_b.call_index, tensor=rb.slot, tensor_a=ra.slot,
         shape_a=ra.shape, shape_b=rb.shape, dtype_a=ra.dtype, dtype_b=rb.dtype, atol=atol, rtol=rtol,
@@ -228,25 +237,25 @@ def _row(order: int, node_a: Node, ra: TensorRecord, node_b: Node, rb: TensorRec
     )
 
 
+_ROLES = {"inputs": ("forward", "in"), "outputs": ("forward", "out"),
+          "grad_outputs": ("backward", "in"), "grad_inputs": ("backward", "out")}
+
+
 def _role(slot: str) -> tuple[str, str]:
     """(pass, side) of a slot: what flows into a call and what comes out, forward or backward."""
-    head = slot.split(".", 1)[0]
-    return {"inputs": ("forward", "in"), "outputs": ("forward", "out"),
-            "grad_outputs": ("backward", "in"), "grad_inputs": ("backward", "out")}.get(head, ("forward", "out"))
+    return _ROLES.get(slot.partition(".")[0], ("forward", "out"))
 
 
 def _with_origins(rows: list[TensorComparison]) -> list[TensorComparison]:
     """Fill input_err, amplification and origin from the rows of what flowed into each call."""
+    roles = [_role(row.tensor) for row in rows]
     incoming: defaultdict[tuple[str, int, str, int | None], list[TensorComparison]] = defaultdict(list)
-    for row in rows:
-        phase, side = _role(row.tensor)
+    for row, (phase, side) in zip(rows, roles):
         if side == "in":
             incoming[(row.module_path_b, row.call_index_b, phase, row.op_index)].append(row)
-    out = []
     earlier_divergence = False
-    for row in rows:
-        phase, side = _role(row.tensor)
-        ins = incoming.get((row.module_path_b, row.call_index_b, phase, row.op_index), [])
+    for row, (phase, side) in zip(rows, roles):
+        ins = incoming.get((row.module_path_b, row.call_index_b, phase, row.op_index), ())
         errs = [r.max_abs_err for r in ins if not math.isnan(r.max_abs_err)]
         input_err = max(errs) if errs else None
         amplification = None
@@ -266,8 +275,9 @@ def _with_origins(rows: list[TensorComparison]) -> list[TensorComparison]:
             else:  # nothing recorded before it diverged: the caller's own code between module calls did it
                 origin = "inherited" if earlier_divergence else "between modules"
             earlier_divergence = True
-        out.append(evolve(row, input_err=input_err, amplification=amplification, origin=origin))
-    return out
+        if input_err is not None or origin is not None:
+            fill(row, input_err=input_err, amplification=amplification, origin=origin)
+    return rows
 
 
 def _progress(enabled: bool, jobs: list[tuple[Node, TensorRecord, Node, TensorRecord]]) -> Callable[[Any], None]:

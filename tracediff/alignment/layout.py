@@ -30,13 +30,14 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from ..errors import TracediffError
 from ..trace.load import Trace
 from ..trace.model import Node, TensorRecord
+
+if TYPE_CHECKING:
+    import torch
 
 Step = tuple[Any, ...]
 _MAX_SEARCH_NUMEL = 16 * 2**20
@@ -207,6 +208,8 @@ def _best_order(trace_f: Trace, out_f: TensorRecord, trace_p: Trace, parts: list
 def _relative_error(x: torch.Tensor, y: torch.Tensor) -> float:
     if x.shape != y.shape:
         return math.inf
+    import torch  # only once payloads are read: relating layouts from shapes needs no torch
+
     xd, yd = x.detach().to(torch.float64), y.detach().to(torch.float64)
     diff = (xd - yd).abs().nan_to_num(nan=math.inf).max().item() if xd.numel() else 0.0
     scale = yd.abs().nan_to_num(nan=0.0, posinf=0.0, neginf=0.0).max().item() if yd.numel() else 0.0
@@ -267,22 +270,23 @@ def _refines(x: tuple[int, ...], y: tuple[int, ...]) -> bool:
 def compare_transformed(trace_a: Trace, ra: TensorRecord, trace_b: Trace, rb: TensorRecord, transform: Transform,
                         *, atol: float, rtol: float) -> dict[str, Any]:
     """The metric fields of a row whose pair is related by ``transform`` (payloads needed on both sides)."""
-    from .compare import _from_metrics, _verdict
+    from .compare import metric_fields, verdict_fields
     from .metrics import compare_tensors
 
     if not (ra.has_payload and rb.has_payload):
-        return _verdict("no_data", None, f"{transform.describe(len(ra.shape or ()))}: needs payloads on both sides")
+        return verdict_fields("no_data", None,
+                              f"{transform.describe(len(ra.shape or ()))}: needs payloads on both sides")
     try:
         a, b = trace_a.load(ra), trace_b.load(rb)
     except TracediffError as e:
-        return _verdict("unreadable", None, str(e))
+        return verdict_fields("unreadable", None, str(e))
     if transform.side == "a":
         a = transform.apply(a)
     else:
         b = transform.apply(b)
     if a.shape != b.shape:
-        return _verdict("shape_mismatch", False, f"shape differs after the transform: {list(a.shape)} vs "
+        return verdict_fields("shape_mismatch", False, f"shape differs after the transform: {list(a.shape)} vs "
                                                  f"{list(b.shape)}")
     metrics = compare_tensors(a.contiguous(), b.contiguous(), atol=atol, rtol=rtol)
     note = f"dtype differs: {ra.dtype} vs {rb.dtype} (compared in float64)" if ra.dtype != rb.dtype else ""
-    return _from_metrics(metrics, approximate=False, note=note)
+    return metric_fields(metrics, approximate=False, note=note)

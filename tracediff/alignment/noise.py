@@ -111,8 +111,9 @@ def _is_float(dtype: str | None) -> bool:
 
 def main_float_dtype(records: Iterable[str | None]) -> str | None:
     """The most frequent floating dtype among the dtypes of a trace's compared records."""
-    counts = Counter(d for d in records if _is_float(d))
-    return counts.most_common(1)[0][0] if counts else None
+    counts = Counter(records)  # counted first: a trace has a handful of distinct dtypes and a row per tensor
+    floats = Counter({d: n for d, n in counts.items() if _is_float(d)})
+    return floats.most_common(1)[0][0] if floats else None
 
 
 def dtype_warning(rows: list[TensorComparison]) -> str | None:

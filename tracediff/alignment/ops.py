@@ -41,10 +41,10 @@ from itertools import pairwise
 from ..trace.load import Trace
 from ..trace.model import Node, TensorRecord
 from .arguments import diff_arguments
-from .benign import squeezable
 from .compare import compare_records
 from .matching import pair_tensors
 from .result import ArgumentDiff, TensorComparison, Unmatched
+from .shapes import squeezable
 from .tolerance import TolerancePolicy
 
 Job = tuple[Node, TensorRecord, Node, TensorRecord]

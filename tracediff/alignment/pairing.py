@@ -17,8 +17,9 @@ from ..trace.load import Trace
 from ..trace.model import Node, TensorRecord
 from .layout import Transform, compare_transformed, find_fused, find_relayout
 from .matching import Matching, RenameRules, match_nodes
-from .result import TensorComparison, Unmatched, evolve
-from .slots import SlotRules, pair_tensors, squeezed
+from .result import TensorComparison, Unmatched, fill
+from .shapes import squeezed
+from .slots import SlotRules, pair_tensors
 from .suggest import suggest_rules
 from .unrecorded import all_unrecorded
 
@@ -66,11 +67,11 @@ class Plan:
         out = []
         for row, (_, ra, _, rb) in zip(rows, jobs):
             method, transform = self.how.get((id(ra), id(rb)), (None, None))
-            if method is None:
+            if method is None or (method == row.matched_by and transform is None and row.transform is None):
                 out.append(row)
                 continue
             text = transform.describe(len(ra.shape or ())) if transform is not None else None
-            out.append(evolve(row, matched_by=method, transform=text))
+            out.append(fill(row, matched_by=method, transform=text))
         return out
 
 
@@ -83,7 +84,8 @@ def plan_pairs(trace_a: Trace, trace_b: Trace, rules: RenameRules, *, match: str
         pairs, only_a, only_b = pair_tensors(node_a, node_b, slots)
         for ra, rb in pairs:
             transform = _relayout(trace_a, ra, trace_b, rb)
-            plan.how[(id(ra), id(rb))] = ("layout" if transform is not None else method, transform)
+            if transform is not None or method != "name":  # rows say "name" unless told otherwise
+                plan.how[(id(ra), id(rb))] = ("layout" if transform is not None else method, transform)
             plan.jobs.append((node_a, ra, node_b, rb))
         for ra, rb, transform in _relaid_leftovers(trace_a, only_a, trace_b, only_b):
             plan.how[(id(ra), id(rb))] = ("layout", transform)
@@ -111,7 +113,7 @@ def plan_pairs(trace_a: Trace, trace_b: Trace, rules: RenameRules, *, match: str
 
 def _relayout(trace_a: Trace, ra: TensorRecord, trace_b: Trace, rb: TensorRecord) -> Transform | None:
     """A layout transform for a pair whose shapes differ beyond dimensions of size 1 (those compare as they are)."""
-    if ra.shape is None or rb.shape is None or squeezed(ra.shape) == squeezed(rb.shape):
+    if ra.shape == rb.shape or ra.shape is None or rb.shape is None or squeezed(ra.shape) == squeezed(rb.shape):
         return None
     return find_relayout(trace_a, ra, trace_b, rb)
 
@@ -120,7 +122,9 @@ def _relaid_leftovers(trace_a: Trace, only_a: list[TensorRecord], trace_b: Trace
                       ) -> list[tuple[TensorRecord, TensorRecord, Transform]]:
     """The one tensor left on each side of a kind (inputs, outputs), re-laid out: ``outputs`` ``[B, T, H, D]``
     against ``outputs.0`` ``[B, H, T, D]``."""
-    found = []
+    found: list[tuple[TensorRecord, TensorRecord, Transform]] = []
+    if not (only_a and only_b):
+        return found
     for head in ("inputs", "outputs"):
         left_a = [t for t in only_a if t.slot.split(".")[0] == head]
         left_b = [t for t in only_b if t.slot.split(".")[0] == head]

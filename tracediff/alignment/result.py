@@ -51,6 +51,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
 from .._display import renderer_for, short_repr, summary_html
+from .._frozen import frozen_builder
 
 FORMAT_VERSION = 1
 
@@ -348,17 +349,24 @@ class Alignment:
         }
 
 
-_ROW_FIELD_NAMES = tuple(f.name for f in fields(TensorComparison))
-_ROW_FIELDS = frozenset(_ROW_FIELD_NAMES)
+_ROW_FIELDS = frozenset(f.name for f in fields(TensorComparison))
 
 
-def evolve(row: TensorComparison, **changes: Any) -> TensorComparison:
-    """``dataclasses.replace(row, **changes)`` without re-running ``__init__`` (the same row: it has no
-    ``__post_init__`` and no ``init=False`` field); a large trace copies every row more than once."""
+#: Builds a ``TensorComparison`` from the same arguments as the class: ``align`` builds one per compared tensor.
+build_row = frozen_builder(TensorComparison)
+
+
+def fill(row: TensorComparison, **changes: Any) -> TensorComparison:
+    """Set fields of a row that ``align`` is still building, in place; returns the row.
+
+    Rows are built in stages (comparison, how the pair was matched, origins,
+    growth), and copying every row at each stage cost a large trace more
+    than all its comparisons. A row is frozen from the moment ``align``
+    returns it: use ``dataclasses.replace`` on rows you did not just build.
+    """
     unknown = changes.keys() - _ROW_FIELDS
     if unknown:
         raise TypeError(f"TensorComparison has no field(s) {sorted(unknown)}")
-    new = object.__new__(type(row))
-    for name in _ROW_FIELD_NAMES:
-        object.__setattr__(new, name, changes[name] if name in changes else getattr(row, name))
-    return new
+    for name, value in changes.items():
+        object.__setattr__(row, name, value)
+    return row

@@ -29,6 +29,7 @@ from typing import Any
 
 from ..errors import UsageError
 from ..trace.model import Node, TensorRecord
+from .shapes import squeezed
 
 SlotRules = list[tuple[str, str, str]]
 TensorPairs = list[tuple[TensorRecord, TensorRecord]]
@@ -80,7 +81,7 @@ def pair_tensors(node_a: Node, node_b: Node, slots: SlotRules | None = None
     pairs: TensorPairs = []
     left_a: list[TensorRecord] = []
     for t in node_a.tensors:
-        renamed = _renamed_slot(t.slot, node_a, node_b, slots or [])
+        renamed = _renamed_slot(t.slot, node_a, node_b, slots) if slots else t.slot
         if not renamed:  # a slot rule to "" (or null): never compared, never unmatched, on either side
             by_slot_b.pop(t.slot, None)
             continue
@@ -90,14 +91,14 @@ def pair_tensors(node_a: Node, node_b: Node, slots: SlotRules | None = None
         else:
             left_a.append(t)
     left_b = list(by_slot_b.values())
-    for head in ("inputs", "outputs", "grad_outputs", "grad_inputs"):
+    for head in ("inputs", "outputs", "grad_outputs", "grad_inputs") if left_a and left_b else ():
         spare_a = [t for t in left_a if t.slot.split(".")[0] == head]
         spare_b = [t for t in left_b if t.slot.split(".")[0] == head]
         for ta, tb in _in_order_by_shape(spare_a, spare_b):
             pairs.append((ta, tb))
             left_a.remove(ta)
             left_b.remove(tb)
-    if not node_a.has_outputs or not node_b.has_outputs:  # pruned parent outputs: not a mismatch
+    if (left_a or left_b) and not (node_a.has_outputs and node_b.has_outputs):  # pruned outputs: not a mismatch
         left_a = [t for t in left_a if not t.slot.startswith("outputs")]
         left_b = [t for t in left_b if not t.slot.startswith("outputs")]
     return pairs, left_a, left_b
@@ -122,8 +123,3 @@ def _in_order_by_shape(spare_a: list[TensorRecord], spare_b: list[TensorRecord])
                     start = j + 1
                     break
     return out
-
-
-def squeezed(shape: tuple[int, ...]) -> tuple[int, ...]:
-    """The shape without its dimensions of size 1."""
-    return tuple(d for d in shape if d != 1)

@@ -34,10 +34,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..trace.model import Node, TensorRecord
-from .result import TensorComparison, evolve
+from .result import TensorComparison, fill
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class RowContext:
     """What the growth of a row needs beyond the row: its node in B, and A's largest magnitude."""
 
@@ -47,9 +47,12 @@ class RowContext:
 
 def scale_of(record: TensorRecord) -> float | None:
     """``max(|min|, |max|)`` from a record's statistics, or None when they were not recorded."""
-    values = [record.stats.get(k) for k in ("min", "max")]
-    finite = [abs(float(v)) for v in values if isinstance(v, (int, float)) and math.isfinite(float(v))]
-    return max(finite) if finite else None
+    scale = None
+    for key in ("min", "max"):
+        value = record.stats.get(key)
+        if isinstance(value, (int, float)) and math.isfinite(value) and (scale is None or abs(value) > scale):
+            scale = abs(float(value))
+    return scale
 
 
 def excess(row: TensorComparison, scale_a: float | None) -> float | None:
@@ -98,12 +101,14 @@ def find_sources(rows: Sequence[TensorComparison], contexts: Sequence[RowContext
                                              not math.isinf(incoming) else 1.0)
         is_source = bool(row.diverged and not (never_source and never_source[index])
                          and (incoming <= 1.0 or (growth is not None and growth > noise_factor)))
-        origin, reason = None, row.reason
         if row.diverged:
-            origin = _origin(side, phase, node) if is_source else "inherited"
+            origin, reason = (_origin(side, phase, node) if is_source else "inherited"), row.reason
             if is_source and origin == "between modules" and node.parent is not None:
                 reason = _join(reason, _between_note(node))
-        out.append(evolve(row, growth=growth, origin=origin, reason=reason))
+            fill(row, growth=growth, origin=origin, reason=reason)
+        else:
+            fill(row, growth=growth, origin=None)
+        out.append(row)
         flags.append(is_source)
         if value is not None:
             _raise_running(running, phase, node, value)
@@ -132,8 +137,9 @@ def _raise_running(running: dict[tuple[str, int], float], phase: str, node: Node
     current: Node | None = node
     while current is not None:
         key = (phase, id(current))
-        if value > running.get(key, -1.0):
-            running[key] = value
+        if not value > running.get(key, -1.0):
+            return  # every ancestor already holds at least this call's largest excess
+        running[key] = value
         current = current.parent
 
 

@@ -31,6 +31,7 @@ import difflib
 import fnmatch
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from ..errors import UsageError
 
@@ -50,6 +51,7 @@ _DEFAULTS: dict[str, tuple[float, float]] = {
 Tolerance = float | Mapping[str, float] | None
 
 
+@lru_cache(maxsize=256)  # called once per compared pair, with a handful of distinct dtypes
 def default_tolerance(dtype_a: str | None, dtype_b: str | None) -> tuple[float, float]:
     """``(rtol, atol)`` for a pair: the looser of the two dtypes' torch.testing defaults."""
     pairs = [_DEFAULTS.get(d or "", (0.0, 0.0)) for d in (dtype_a, dtype_b)]
@@ -121,21 +123,24 @@ class TolerancePolicy:
     def resolve(self, paths: tuple[str, ...], dtype_a: str | None, dtype_b: str | None) -> tuple[float, float]:
         """``(atol, rtol)`` for a pair whose module paths (relative, both sides) are ``paths``."""
         rtol_default, atol_default = default_tolerance(dtype_a, dtype_b)
-        atol = self._pick(self._atol_rules, paths)
-        rtol = self._pick(self._rtol_rules, paths)
+        atol = self._pick(self._atol_rules, paths) if self._atol_rules else None
+        rtol = self._pick(self._rtol_rules, paths) if self._rtol_rules else None
         atol = atol if atol is not None else self._atol_default
         rtol = rtol if rtol is not None else self._rtol_default
         return (atol_default if atol is None else atol, rtol_default if rtol is None else rtol)
 
     def unused_pattern_warnings(self, known_paths: Iterable[str]) -> list[str]:
         """One warning per pattern that matched no module, with did-you-mean suggestions."""
+        unused = [(name, pattern) for name, rules in (("atol", self._atol_rules), ("rtol", self._rtol_rules))
+                  for pattern, _ in rules if pattern not in self._used]
+        if not unused:  # the usual case: ``known_paths`` (every call of both traces) is never walked
+            return []
         known = sorted(set(known_paths))
         warnings = []
-        for name, rules in (("atol", self._atol_rules), ("rtol", self._rtol_rules)):
-            for pattern, _ in rules:
-                if pattern in self._used or any(_covers(pattern, p) for p in known):
-                    continue
-                close = difflib.get_close_matches(pattern, known, n=3, cutoff=0.5)
-                hint = f"; did you mean {', '.join(close)}?" if close else ""
-                warnings.append(f"--{name} pattern {pattern!r} matches no module{hint}")
+        for name, pattern in unused:
+            if any(_covers(pattern, p) for p in known):
+                continue
+            close = difflib.get_close_matches(pattern, known, n=3, cutoff=0.5)
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            warnings.append(f"--{name} pattern {pattern!r} matches no module{hint}")
         return warnings

@@ -15,6 +15,9 @@ import csv
 import io
 import json
 import math
+import operator
+from collections.abc import Sequence
+from itertools import chain
 
 from .._text import printable
 from ..show import NodeView, TensorView, TraceView
@@ -24,18 +27,35 @@ _INDENT = "  "
 _STAT_HEADERS = ["shape", "dtype", "mean", "std", "min", "max", ""]
 CSV_COLUMNS = ["module_path", "relative_path", "call_index", "module_type", "phase", "depth", "slot", "order", "shape",
                "dtype", "mean", "std", "min", "max", "nan", "posinf", "neginf", "nonfinite", "has_payload"]
+_NONFINITE = operator.attrgetter("nonfinite")
+_WHOLE_EXPONENTS = ("e+04", "e+05", "e+06")  # what "%.4g" writes for the whole numbers from 1e4 to 1e6
 
 
 def _number(value: float | None) -> str:
     if value is None:
         return ""
+    if -1e6 < value < 1e6:  # the usual case (NaN and infinities fail the test)
+        whole = int(value)
+        return str(whole) if whole == value else f"{value:.4g}"
     if math.isnan(value):
         return "nan"
     if math.isinf(value):
         return "inf" if value > 0 else "-inf"
-    if value == int(value) and abs(value) < 1e6:
-        return str(int(value))
-    return f"{value:.4g}"
+    return f"{value:.4g}"  # a whole number of 1e6 or more, or a fraction past it
+
+
+def _numbers(values: Sequence[float | None]) -> list[str]:
+    """``[_number(v) for v in values]``, the usual case (no None) formatted by one ``%`` over the whole list."""
+    try:
+        text = ("\n%.4g" * len(values)) % tuple(values)
+    except TypeError:  # a statistic that was not recorded (None)
+        return [_number(v) for v in values]
+    texts = text.split("\n")[1:]
+    # "%.4g" writes what _number does (nan, inf and -inf included) but for the whole numbers from 1e4 to 1e6
+    # (_number: "12345" and "999999", not "1.234e+04" and "1e+06") and for -0.0 (_number: "0", not "-0").
+    if any(exponent in text for exponent in _WHOLE_EXPONENTS) or "\n-0\n" in text or text.endswith("\n-0"):
+        return [_number(v) if t == "-0" or t.endswith(_WHOLE_EXPONENTS) else t for v, t in zip(values, texts)]
+    return texts
 
 
 def _shape(shape: tuple[int, ...] | None) -> str:
@@ -59,46 +79,66 @@ def _slot(slot: str) -> str:
     return f"{label} {rest}".rstrip()
 
 
-def _node_line(node: NodeView) -> str:
+def _node_line(node: NodeView, nonfinite: bool) -> str:
     kind = f"  [{node.module_type}]" if node.module_type and node.module_type != node.name else ""
     call = f"  (call {node.call_index})" if node.call_index else ""
-    flags = "  !NaN/Inf" if node.nonfinite else ""
+    flags = "  !NaN/Inf" if nonfinite else ""
     error = f"  raised {node.error}" if node.error else ""
     return f"{_INDENT * node.depth}{node.name}{kind}{call}{flags}{error}"
 
 
 def render_tree(view: TraceView) -> str:
     """The indented call tree with aligned statistics, a header and a NaN/Inf footer."""
-    lines: list[tuple[str, list[str] | None]] = []
+    # The table of tensors is built column by column: with a few hundred thousand tensors,
+    # each step taken once per tensor in Python counts.
+    tensors = list(chain.from_iterable(node.tensors for node in view.nodes))
+    any_nonfinite = any(map(_NONFINITE, tensors))
+    out: list[str | None] = [_header(view), "", None]  # None: a row of the table, set once the widths are known
+    pads: list[str] = []  # the indent of each tensor's row
     phase = "forward"
     for node in view.nodes:
         if node.phase != phase:
             phase = node.phase
-            lines.append((f"{phase} pass (gradients, in the order they arrived):", None))
-        lines.append((_node_line(node), None))
+            out.append(f"{phase} pass (gradients, in the order they arrived):")
+        node_tensors = node.tensors
+        out.append(_node_line(node, any_nonfinite and any([t.nonfinite for t in node_tensors])))
         pad = _INDENT * (node.depth + 1)
         for slot, text in node.values:
-            lines.append((f"{pad}{_slot(slot)} = {text}", None))
-        for t in node.tensors:
-            cells: list[str] = [_shape(t.shape), (t.dtype or "?").removeprefix("torch."), _number(t.mean),
-                                _number(t.std), _number(t.min), _number(t.max), _flag(t)]
-            lines.append((f"{pad}{_slot(t.slot)}", cells))
-    first_width = max([len(text) for text, cells in lines if cells is not None] + [len("module / tensor")])
-    widths = [len(h) for h in _STAT_HEADERS]
-    for _, stats in lines:
-        if stats is not None:
-            widths = [max(w, len(c)) for w, c in zip(widths, stats)]
+            out.append(f"{pad}{_slot(slot)} = {text}")
+        if node_tensors:
+            pads += [pad] * len(node_tensors)
+            out += [None] * len(node_tensors)
+    # A trace has few distinct slots, shapes and dtypes: each is written once.
+    slots, shapes, dtypes = (list(map(operator.attrgetter(name), tensors)) for name in ("slot", "shape", "dtype"))
+    slot_text = {slot: _slot(slot) for slot in set(slots)}
+    shape_text = {shape: _shape(shape) for shape in set(shapes)}
+    dtype_text = {dtype: (dtype or "?").removeprefix("torch.") for dtype in set(dtypes)}
+    columns = [
+        ["module / tensor", *map(operator.add, pads, map(slot_text.__getitem__, slots))],
+        [_STAT_HEADERS[0], *map(shape_text.__getitem__, shapes)],
+        [_STAT_HEADERS[1], *map(dtype_text.__getitem__, dtypes)],
+        *([header, *_numbers(list(map(operator.attrgetter(name), tensors)))]
+          for header, name in zip(_STAT_HEADERS[2:6], ("mean", "std", "min", "max"))),
+        [_STAT_HEADERS[6], *(map(_flag, tensors) if any_nonfinite else [""] * len(tensors))],
+    ]
+    widths = [max(map(len, column)) for column in columns]
+    # Statistics (mean..max) right-aligned, the rest left-aligned.
+    row = "  ".join(f"%{'' if 3 <= i < 7 else '-'}{width}s" for i, width in enumerate(widths))
+    rows = map(str.rstrip, map(row.__mod__, zip(*columns)))
+    lines = [next(rows) if line is None else line for line in out]
+    lines += ["", _footer(view), ""]  # "": the text ends with a newline
+    return _printable("\n".join(lines))  # no terminal escapes from trace names
 
-    def row(first: str, cells: list[str]) -> str:
-        # Statistics (mean..max) right-aligned, the rest left-aligned.
-        parts = [first.ljust(first_width)] + [c.rjust(w) if 2 <= i < 6 else c.ljust(w)
-                                              for i, (c, w) in enumerate(zip(cells, widths))]
-        return "  ".join(parts).rstrip()
 
-    out = [_header(view), "", row("module / tensor", _STAT_HEADERS)]
-    out += [row(text, cells) if cells is not None else text for text, cells in lines]
-    out += ["", _footer(view)]
-    return printable("\n".join(out), keep_newlines=True) + "\n"  # no terminal escapes from trace names
+# Printable ASCII, tab and newline: a text of these alone is what ``printable`` returns.
+_PLAIN_ASCII = bytes(range(0x20, 0x7f)) + b"\t\n"
+
+
+def _printable(text: str) -> str:
+    """``printable(text, keep_newlines=True)``, without its slower pass over a text of plain ASCII."""
+    if text.isascii() and not text.encode("ascii").translate(None, _PLAIN_ASCII):
+        return text
+    return printable(text, keep_newlines=True)
 
 
 def _header(view: TraceView) -> str:

@@ -17,26 +17,28 @@ their recorded statistics instead.
 
 from __future__ import annotations
 
-import gc
 import re
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .. import format as fmt
+from .._frozen import frozen_builder
+from .._gc import paused_gc
 from .._io import read_tensor_file, resolve_inside
 from .._safe_read import check_regular_file
 from ..errors import PayloadError, TraceFormatError
 from .model import Node, ReprValue, TensorRecord
 from .reading import incomplete_reason, journal_of, read_tree
-from .validate import value_problem
+from .validate import TreeChecker, value_problem
 
 if TYPE_CHECKING:
     import torch
 
 _SHAPE = re.compile(r"-?\d+")
+_build_record = frozen_builder(TensorRecord)  # TensorRecord(...), faster: a record per tensor of the trace
 _SCALAR = re.compile(r"tensor\(\s*([-+0-9.eEinfa]+)")
 
 
@@ -126,30 +128,27 @@ def load_trace(path: str | Path) -> Trace:
     truncated, or not a call tree, or when its metadata carries a
     ``format_version`` of a newer major version than this tracediff reads.
     """
-    enabled = gc.isenabled()
-    gc.disable()  # reading allocates millions of containers and frees almost none: collections would only rescan them
-    try:
+    with paused_gc():
         return _load_trace(path)
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def _load_trace(path: str | Path) -> Trace:
     json_path = find_trace_json(path)
     directory = json_path.parent
-    # confined to the folder given (or the JSON file's folder), bounded, regular files only; field types checked
+    # confined to the folder given (or the JSON file's folder), bounded, regular files only
     tree, metadata = read_tree(json_path, Path(path) if Path(path).is_dir() else directory)
     metadata_file = directory / fmt.METADATA_FILE
     fmt.check_format_version(metadata, metadata_file)
-    builder = _Builder(json_path)
+    builder = _Builder(json_path)  # checks every field's type as it reads it (tracediff.trace.validate)
+    later, backward_entries = builder.check.top(tree)
     try:
-        roots = [builder.node(tree, None, 0)]
-        for later in tree.get(fmt.SUBSEQUENT_CALLS, []):
-            roots.append(builder.node(later, None, 0))
-        backward = builder.backward(tree.get(fmt.BACKWARD) or [])
+        roots = [builder.node(tree, None, 0, "the top")]
+        for call in later:
+            roots.append(builder.node(call, None, 0, "the top"))
+        backward = builder.backward(backward_entries)
     except RecursionError:
         raise TraceFormatError(f"{json_path}: the call tree nests too deeply to be read; refused") from None
+    del tree, later, backward_entries
     trace = Trace(directory=directory, json_path=json_path, roots=roots, metadata=metadata, backward=backward)
     if trace.producer == "transformers":
         _mark_overwritten_payloads(trace)
@@ -157,40 +156,39 @@ def _load_trace(path: str | Path) -> Trace:
 
 
 class _Builder:
+    """One walk over the JSON tree: each part is checked, then turned into nodes and tensor records."""
+
     def __init__(self, json_path: Path) -> None:
         self.json_path = json_path
+        self.check = TreeChecker(json_path)
         self.order = 0
-        self.calls: defaultdict[str, int] = defaultdict(int)
+        self.calls: dict[str, int] = {}
 
-    def _tick(self) -> int:
-        self.order += 1
-        return self.order - 1
-
-    def node(self, obj: Any, parent: Node | None, depth: int) -> Node:
-        if not isinstance(obj, dict) or not isinstance(obj.get(fmt.MODULE_PATH), str):
-            where = parent.module_path if parent else "the top"
-            raise TraceFormatError(f"{self.json_path}: a child of {where} is not a node (no 'module_path')")
+    def node(self, obj: Any, parent: Node | None, depth: int, parent_path: str) -> Node:
+        children = self.check.node(obj, parent_path)
         path = obj[fmt.MODULE_PATH]
         call_index = obj.get(fmt.CALL_INDEX)
-        if not isinstance(call_index, int):
-            call_index = self.calls[path]
-        self.calls[path] = max(self.calls[path], call_index + 1)
-        node = Node(module_path=path, relative_path=path.split(".", 1)[1] if "." in path else "",
-                    call_index=call_index, module_type=obj.get(fmt.MODULE_TYPE), depth=depth,
-                    enter_order=self.order, parent=parent, error=obj.get(fmt.ERROR))
-        self._flatten(obj.get(fmt.INPUTS), "inputs", node)
-        children = obj.get(fmt.CHILDREN) or []
-        if not isinstance(children, list):
-            raise TraceFormatError(f"{self.json_path}: 'children' of {path} is not a list")
+        seen = self.calls.get(path, 0)
+        if call_index is None:
+            call_index = seen
+        self.calls[path] = call_index + 1 if call_index >= seen else seen
+        node = Node(module_path=path, relative_path=path.partition(".")[2], call_index=call_index,
+                    module_type=obj.get(fmt.MODULE_TYPE), depth=depth, enter_order=self.order, parent=parent,
+                    error=obj.get(fmt.ERROR))
+        inputs = obj.get(fmt.INPUTS)
+        if inputs is not None:
+            self._flatten(inputs, "inputs", node)
         for child in children:  # op nodes (op-level capture) go to ``ops``, module calls to ``children``
             if fmt.is_op_node(child):
+                self.check.node(child, path)
                 node.ops.append(self.op_node(child, node, depth + 1))
             else:
-                node.children.append(self.node(child, node, depth + 1))
+                node.children.append(self.node(child, node, depth + 1, path))
         node.exit_order = self.order
-        if obj.get(fmt.OUTPUTS) is not None:
+        outputs = obj.get(fmt.OUTPUTS)
+        if outputs is not None:
             node.has_outputs = True
-            self._flatten(obj[fmt.OUTPUTS], "outputs", node)
+            self._flatten(outputs, "outputs", node)
         return node
 
     def op_node(self, obj: dict[str, Any], parent: Node, depth: int) -> Node:
@@ -207,16 +205,13 @@ class _Builder:
             self._flatten(obj[fmt.OUTPUTS], "outputs", node)
         return node
 
-    def backward(self, entries: Any) -> list[Node]:
+    def backward(self, entries: list[Any]) -> list[Node]:
         """Backward nodes, their records ordered by the clock the capture kept."""
-        if not isinstance(entries, list):
-            raise TraceFormatError(f"{self.json_path}: 'backward' is not a list")
         nodes, events = [], []
         for i, entry in enumerate(entries):
-            if not isinstance(entry, dict) or not isinstance(entry.get(fmt.MODULE_PATH), str):
-                raise TraceFormatError(f"{self.json_path}: backward entry {i} is not a node")
+            self.check.backward_entry(i, entry)
             path = entry[fmt.MODULE_PATH]
-            node = Node(module_path=path, relative_path=path.split(".", 1)[1] if "." in path else "",
+            node = Node(module_path=path, relative_path=path.partition(".")[2],
                         call_index=int(entry.get(fmt.CALL_INDEX, 0)), module_type=entry.get(fmt.MODULE_TYPE),
                         depth=0, enter_order=-1, phase="backward", has_outputs=True)
             nodes.append(node)
@@ -234,20 +229,40 @@ class _Builder:
         return nodes
 
     def _flatten(self, value: Any, slot: str, node: Node) -> None:
-        if value is None:
-            return
-        if fmt.is_tensor_entry(value):
-            node.tensors.append(_tensor_record(value, slot, self._tick()))
-        elif fmt.is_typed_value(value):
-            node.values[slot] = _typed_value(value)
-        elif isinstance(value, dict):
-            for key, item in value.items():
-                self._flatten(item, f"{slot}.{key}", node)
-        elif isinstance(value, list):
+        kind = type(value)
+        if kind is dict:  # the rules of fmt.is_typed_value and fmt.is_tensor_entry, inlined: a call per value
+            if type(value.get(fmt.PY_TYPE)) is str:
+                node.values[slot] = _typed_value(value)
+            elif fmt.PY_TYPE not in value and type(value.get(fmt.SHAPE)) is str and type(value.get(fmt.DTYPE)) is str:
+                node.tensors.append(self._tensor_record(value, slot, node))
+            else:
+                for key, item in value.items():
+                    self._flatten(item, f"{slot}.{key}", node)
+        elif kind is list:
             for i, item in enumerate(value):
                 self._flatten(item, f"{slot}.{i}", node)
-        else:
+        elif value is not None:
             node.values[slot] = ReprValue(value) if isinstance(value, str) else value
+
+    def _tensor_record(self, entry: dict[str, Any], slot: str, node: Node) -> TensorRecord:
+        where = node.module_path if node.phase == "forward" else f"backward entry ({node.module_path})"
+        stats = self.check.tensor(entry, where)
+        if stats is None:
+            stats = {key: parsed for key in fmt.STRING_STAT_KEYS
+                     if (parsed := parse_scalar(entry.get(key))) is not None}
+        stored = entry.get(fmt.VALUE)
+        problem = None if stored is None or type(stored) is str else value_problem(stored)
+        self.order += 1
+        return _build_record(
+            slot=slot,
+            order=self.order - 1,
+            shape=parse_shape(entry[fmt.SHAPE]),
+            dtype=entry[fmt.DTYPE],
+            stats=stats,
+            payload=stored if type(stored) is str else None,
+            repr_lines=tuple(stored) if type(stored) is list and problem is None else None,
+            stale_reason=problem,  # a 'value' that is a number or an object: said in the row
+        )
 
 
 def _typed_value(entry: dict[str, Any]) -> Any:
@@ -306,4 +321,4 @@ def _mark_overwritten_payloads(trace: Trace) -> None:
         for node, i in refs[:-1]:
             record = node.tensors[i]
             reason = "payload overwritten by a later call of the same module (standard trace)"
-            node.tensors[i] = TensorRecord(**{**record.__dict__, "stale_reason": reason})
+            node.tensors[i] = replace(record, stale_reason=reason)

@@ -30,7 +30,7 @@ class ReprValue(str):
     __slots__ = ()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # no per-record __dict__: a large trace holds hundreds of thousands
 class TensorRecord:
     """One recorded tensor of a node: where it sits, what it looked like, where its payload is."""
 
@@ -49,7 +49,7 @@ class TensorRecord:
         return self.payload is not None and self.stale_reason is None
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Node:
     """One module call in a trace."""
 
@@ -87,7 +87,10 @@ class Node:
 
     def walk(self) -> list[Node]:
         """This node and its descendants in call-start order."""
-        out = [self]
-        for child in self.children:
-            out.extend(child.walk())
+        out: list[Node] = []
+        stack = [self]
+        while stack:  # iterative: no Python frame per call, and no recursion limit on deep trees
+            node = stack.pop()
+            out.append(node)
+            stack.extend(reversed(node.children))
         return out

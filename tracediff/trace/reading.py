@@ -4,7 +4,7 @@ Every read goes through :mod:`tracediff._safe_read` (confined to the trace
 folder, regular files only, bounded: ``TRACE_JSON_LIMIT`` for the tree,
 ``SMALL_JSON_LIMIT`` for the metadata, ``JOURNAL_LIMIT`` for the journal),
 and the tree's field types are checked (:mod:`tracediff.trace.validate`)
-before anything is built from it.
+as nodes are built from it.
 
 A folder whose capture process was killed (SIGKILL, out of memory) holds no
 tree JSON, only payloads and ``tracediff_journal.jsonl``. The tree is then
@@ -23,14 +23,17 @@ from typing import Any
 from .. import format as fmt
 from .._safe_read import JOURNAL_LIMIT, SMALL_JSON_LIMIT, TRACE_JSON_LIMIT, read_bounded, read_json_file
 from ..errors import TraceFormatError
-from .validate import check_tree
 
 #: ``metadata["capture_failure"]`` of a trace rebuilt from its journal.
 DIED = "the capture process ended before the trace was written (killed, or out of memory); read from its journal"
 
 
 def read_tree(json_path: Path, root: Path) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The checked tree of ``json_path`` (a tree JSON or a journal) and the folder's metadata (``{}`` if none)."""
+    """The tree of ``json_path`` (a tree JSON or a journal) and the folder's metadata (``{}`` if none).
+
+    The tree's field types are checked by the reader as it builds nodes from it
+    (:mod:`tracediff.trace.validate`), in the same walk.
+    """
     directory = json_path.parent
     if json_path.name == fmt.JOURNAL_FILE:
         tree = tree_from_journal(json_path, root)
@@ -45,7 +48,6 @@ def read_tree(json_path: Path, root: Path) -> tuple[dict[str, Any], dict[str, An
         if not isinstance(metadata, dict):
             raise TraceFormatError(f"{metadata_file}: not a tracediff metadata object")
         fmt.check_format_version(metadata, metadata_file)  # before the tree: a newer major may change its fields
-    check_tree(tree, json_path)
     return tree, metadata
 
 

@@ -1,15 +1,17 @@
-"""Checking the field types of a trace's JSON tree before it is read, so that a crafted trace is refused in one line.
+"""Checking the field types of a trace's JSON tree as it is read, so that a crafted trace is refused in one line.
 
-The reader (:mod:`tracediff.trace.load`) trusts what this module let through:
-every node is an object with a string ``module_path``; ``call_index`` is a
+The reader (:mod:`tracediff.trace.load`) walks the tree once: it passes
+every node and every tensor entry through :class:`TreeChecker` before
+building anything from it, and trusts what was let through. The rules: every
+node is an object with a string ``module_path``; ``call_index`` is a
 non-negative integer (or absent); ``module_type`` a string; ``error`` an
-object of strings; ``children``, ``subsequent_calls`` and ``backward`` lists;
-backward entries have an integer ``call_index`` and a ``backward_order`` of
-two integers or nulls; a tensor entry's ``shape`` has at most 64 dimensions of
-at most 18 digits, its ``stats`` is an object whose counts are non-negative
-integers and whose other values are numbers (integers within 64 bits).
-Anything else raises ``TraceFormatError`` naming the file, the node and the
-field. The walk is iterative: the depth of the tree costs no recursion.
+object of strings; ``children``, ``subsequent_calls`` and ``backward``
+lists; backward entries have an integer ``call_index`` and a
+``backward_order`` of two integers or nulls; a tensor entry's ``shape`` has
+at most 64 dimensions of at most 18 digits, its ``stats`` is an object whose
+counts are non-negative integers and whose other values are numbers
+(integers within 64 bits). Anything else raises ``TraceFormatError`` naming
+the file, the node and the field.
 
 A tensor entry's ``value`` that is neither a payload path nor repr lines is
 not refused: :func:`value_problem` says why, and that row is compared on its
@@ -48,74 +50,72 @@ def value_problem(value: Any) -> str | None:
             "compared on its recorded statistics")
 
 
-class _Checker:
+class TreeChecker:
+    """The checks of one trace JSON, called by the reader on each part before it is used."""
+
     def __init__(self, json_path: Path) -> None:
         self.json_path = json_path
 
     def fail(self, where: str, problem: str) -> TraceFormatError:
         return TraceFormatError(f"{self.json_path}: {where}: {problem}")
 
-    def tree(self, tree: dict[str, Any]) -> None:
+    def top(self, tree: dict[str, Any]) -> tuple[list[Any], list[Any]]:
+        """The top-level ``subsequent_calls`` and ``backward`` lists (empty when absent)."""
         later = tree.get(fmt.SUBSEQUENT_CALLS)
         if later is not None and not isinstance(later, list):
             raise self.fail(fmt.SUBSEQUENT_CALLS, f"is {type(later).__name__}; expected a list of nodes")
         backward = tree.get(fmt.BACKWARD)
         if backward is not None and not isinstance(backward, list):
             raise self.fail(fmt.BACKWARD, f"is {type(backward).__name__}; expected a list of nodes")
-        stack: list[tuple[Any, str]] = [(node, "the top") for node in [tree, *(later or [])]]
-        while stack:
-            node, parent = stack.pop()
-            if not isinstance(node, dict) or not isinstance(node.get(fmt.MODULE_PATH), str):
-                raise TraceFormatError(f"{self.json_path}: a child of {parent} is not a node (no 'module_path')")
-            self.node_fields(node)
-            children = node.get(fmt.CHILDREN)
-            if children is not None:
-                if not isinstance(children, list):
-                    raise TraceFormatError(f"{self.json_path}: 'children' of {node[fmt.MODULE_PATH]} is not a list")
-                stack.extend((child, node[fmt.MODULE_PATH]) for child in children)
-            for key in (fmt.INPUTS, fmt.OUTPUTS):
-                self.values(node.get(key), node[fmt.MODULE_PATH])
-        for i, entry in enumerate(backward or []):
-            if not isinstance(entry, dict) or not isinstance(entry.get(fmt.MODULE_PATH), str):
-                raise self.fail(f"backward entry {i}", "is not an object with a string 'module_path'")
-            where = f"backward entry {i} ({entry[fmt.MODULE_PATH]})"
-            if not _int_in(entry.get(fmt.CALL_INDEX, 0), 0, _MAX_CALL_INDEX):
-                raise self.fail(where, f"'call_index' is {entry.get(fmt.CALL_INDEX)!r:.40}; expected a whole number")
-            order = entry.get(fmt.BACKWARD_ORDER)
-            if order is not None and not (isinstance(order, list) and len(order) <= 2
-                                          and all(o is None or _int_in(o, 0, _INT64) for o in order)):
-                raise self.fail(where, f"'backward_order' is {order!r:.40}; expected [arrival, departure] numbers")
-            self.node_fields(entry)
-            for key in (fmt.GRAD_OUTPUTS, fmt.GRAD_INPUTS):
-                self.values(entry.get(key), where)
+        return later or [], backward or []
+
+    def node(self, node: Any, parent: str) -> list[Any]:
+        """Check a forward node's own fields (not its values); returns its ``children`` list."""
+        if type(node) is not dict or type(node.get(fmt.MODULE_PATH)) is not str:
+            raise TraceFormatError(f"{self.json_path}: a child of {parent} is not a node (no 'module_path')")
+        self.node_fields(node)
+        children = node.get(fmt.CHILDREN)
+        if children is None:
+            return []
+        if type(children) is not list:
+            raise TraceFormatError(f"{self.json_path}: 'children' of {node[fmt.MODULE_PATH]} is not a list")
+        return children
+
+    def backward_entry(self, i: int, entry: Any) -> str:
+        """Check backward entry ``i``; returns how messages name it."""
+        if not isinstance(entry, dict) or not isinstance(entry.get(fmt.MODULE_PATH), str):
+            raise self.fail(f"backward entry {i}", "is not an object with a string 'module_path'")
+        where = f"backward entry {i} ({entry[fmt.MODULE_PATH]})"
+        if not _int_in(entry.get(fmt.CALL_INDEX, 0), 0, _MAX_CALL_INDEX):
+            raise self.fail(where, f"'call_index' is {entry.get(fmt.CALL_INDEX)!r:.40}; expected a whole number")
+        order = entry.get(fmt.BACKWARD_ORDER)
+        if order is not None and not (isinstance(order, list) and len(order) <= 2
+                                      and all(o is None or _int_in(o, 0, _INT64) for o in order)):
+            raise self.fail(where, f"'backward_order' is {order!r:.40}; expected [arrival, departure] numbers")
+        self.node_fields(entry)
+        return where
 
     def node_fields(self, node: dict[str, Any]) -> None:
-        where = node[fmt.MODULE_PATH]
         call_index = node.get(fmt.CALL_INDEX)
-        if call_index is not None and not _int_in(call_index, 0, _MAX_CALL_INDEX):
-            raise self.fail(where, f"'call_index' is {call_index!r:.40}; expected a whole number")
+        if call_index is not None and not (type(call_index) is int and 0 <= call_index < _MAX_CALL_INDEX):
+            raise self.fail(node[fmt.MODULE_PATH], f"'call_index' is {call_index!r:.40}; expected a whole number")
         module_type = node.get(fmt.MODULE_TYPE)
-        if module_type is not None and not isinstance(module_type, str):
-            raise self.fail(where, f"'module_type' is {type(module_type).__name__}; expected a string")
+        if module_type is not None and type(module_type) is not str:
+            raise self.fail(node[fmt.MODULE_PATH],
+                            f"'module_type' is {type(module_type).__name__}; expected a string")
         error = node.get(fmt.ERROR)
         if error is not None and not (isinstance(error, dict) and all(isinstance(v, (str, int, type(None)))
                                                                       for v in error.values())):
-            raise self.fail(where, f"'error' is {type(error).__name__}; expected an object with 'type' and 'message'")
+            raise self.fail(node[fmt.MODULE_PATH],
+                            f"'error' is {type(error).__name__}; expected an object with 'type' and 'message'")
 
-    def values(self, value: Any, where: str) -> None:
-        """Check every tensor entry inside an ``inputs``/``outputs`` value (iteratively)."""
-        stack = [value]
-        while stack:
-            item = stack.pop()
-            if isinstance(item, list):
-                stack.extend(item)
-            elif isinstance(item, dict):
-                if fmt.is_tensor_entry(item):
-                    self.tensor(item, where)
-                elif not fmt.is_typed_value(item):
-                    stack.extend(item.values())
+    def tensor(self, entry: dict[str, Any], where: str) -> dict[str, Any] | None:
+        """Check a tensor entry; returns its numeric statistics (``None`` when it recorded no ``stats`` object).
 
-    def tensor(self, entry: dict[str, Any], where: str) -> None:
+        The entry's own ``stats`` object is returned when every value is a
+        number, which is the rule; a statistic of an unknown key (a newer
+        minor version) that is not a number is left out.
+        """
         shape = entry[fmt.SHAPE]
         # "torch.Size([" plus 18 characters cannot hold 64 dimensions or a dimension of 19 digits: the common case
         if len(shape) > 30:
@@ -124,9 +124,15 @@ class _Checker:
                 raise self.fail(where, f"tensor shape {shape!r:.60} is not a plausible shape")
         stats = entry.get(fmt.STATS)
         if stats is None:
-            return
-        if not isinstance(stats, dict):
+            return None
+        if type(stats) is not dict:
             raise self.fail(where, f"tensor 'stats' is {type(stats).__name__}; expected an object of numbers")
+        numeric = self._check_stats(stats, where)
+        return stats if numeric else {k: v for k, v in stats.items() if type(v) in (int, float)}
+
+    def _check_stats(self, stats: dict[str, Any], where: str) -> bool:
+        """Raise for a statistic of the wrong type or range; False when an unknown key holds a non-number."""
+        numeric = True
         for key, number in stats.items():
             kind = type(number)
             if kind is float:
@@ -136,11 +142,9 @@ class _Checker:
                 if not (0 if key in _COUNTS else -_INT64) <= number < _INT64:
                     raise self.fail(where, f"tensor statistic {key!r} is {number!r:.40}; expected "
                                            f"{'a count' if key in _COUNTS else 'a number'}")
-            elif key in _STATS:  # an unknown key is a statistic of a newer minor version: ignored by readers
+            elif key in _STATS:
                 raise self.fail(where, f"tensor statistic {key!r:.40} is {number!r:.40}; expected "
                                        f"{'a count' if key in _COUNTS else 'a number'}")
-
-
-def check_tree(tree: dict[str, Any], json_path: Path) -> None:
-    """Raise ``TraceFormatError`` for the first field of ``tree`` whose type the reader cannot use."""
-    _Checker(json_path).tree(tree)
+            else:  # an unknown key is a statistic of a newer minor version: ignored by readers
+                numeric = False
+        return numeric

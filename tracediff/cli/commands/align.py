@@ -43,6 +43,7 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..._gc import paused_gc
     from ..._io import write_json
     from .._alignment_options import run_alignment
 
@@ -58,7 +59,9 @@ def run(args: argparse.Namespace) -> int:
         elif args.format == "table":  # other formats keep stdout for the report alone
             layout = f" and {len(suggestion['layout'])} layout pairings" if "layout" in suggestion else ""
             print(f"wrote {len(result.suggested_rename)} rename rules{layout} to {args.suggest_map}")
-    emit(_render(result, args), args.output)
+    with paused_gc():  # a row per tensor is rendered: nothing here is garbage worth scanning for
+        text = _render(result, args)
+    emit(text, args.output)
     return 0 if result.passed else 1
 
 

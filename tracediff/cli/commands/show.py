@@ -43,10 +43,12 @@ def _depth(text: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..._gc import paused_gc
     from ...render.tree import render_csv, render_json, render_tree
     from ...show import show_trace
 
-    view = show_trace(args.trace, path=args.path, depth=args.depth)
     render = {"json": render_json, "csv": render_csv}.get(args.format, render_tree)
-    emit(render(view), args.output)
+    with paused_gc():  # a line per call and tensor: nothing here is garbage worth scanning for
+        text = render(show_trace(args.trace, path=args.path, depth=args.depth))
+    emit(text, args.output)
     return 0
