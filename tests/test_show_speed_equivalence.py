@@ -9,6 +9,7 @@ against the straightforward version, on statistics and names chosen to hit every
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import random
 from typing import Any
@@ -16,7 +17,18 @@ from typing import Any
 import pytest
 
 from tracediff._text import printable
-from tracediff.render.tree import _flag, _header, _number, _numbers, _printable, _shape, _slot, render_tree
+from tracediff.render.strict_json import strict_json_value
+from tracediff.render.tree import (
+    _flag,
+    _header,
+    _number,
+    _numbers,
+    _printable,
+    _shape,
+    _slot,
+    render_json,
+    render_tree,
+)
 from tracediff.show import NodeView, TensorView, TraceView, _tensor_view, _view
 from tracediff.trace.model import Node, ReprValue, TensorRecord
 
@@ -237,6 +249,12 @@ def test_the_tree_is_the_one_the_plain_renderer_wrote(stats: list[dict[str, Any]
     view = _trace_view(nodes)
     assert render_tree(view) == _old_render_tree(view)
     assert render_tree(_trace_view([])) == _old_render_tree(_trace_view([]))
+    # JSON is written a node at a time, a line each: the same document as dumping the whole dict
+    for shown in (view, _trace_view([]), _trace_view(nodes[:1])):
+        text = render_json(shown)
+        assert json.loads(text) == json.loads(json.dumps(strict_json_value(shown.to_dict()), allow_nan=False))
+        lines = len(shown.header_dict()) + (4 + len(shown.nodes) if shown.nodes else 3)  # { keys "nodes": [ ] }
+        assert len(text.splitlines()) == lines
 
 
 def test_nonfinite_tensors_in_execution_order() -> None:

@@ -163,12 +163,16 @@ class TraceView:
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form (``format_version`` 1); NaN/Inf statistics are left as floats."""
+        return self.header_dict() | {"nodes": [n.to_dict() for n in self.nodes]}
+
+    def header_dict(self) -> dict[str, Any]:
+        """``to_dict()`` without its last key, ``nodes`` (a renderer may write the nodes one at a time)."""
         return {
             "format_version": FORMAT_VERSION, "trace": self.trace, "json_file": self.json_file,
             "model_name": self.model_name, "producer": self.producer, "summary_only": self.summary_only,
             "complete": self.complete, "incomplete_reason": self.incomplete_reason,
             "total_calls": self.total_calls, "path": self.path, "depth": self.depth,
-            "first_nonfinite": self.first_nonfinite, "nodes": [n.to_dict() for n in self.nodes],
+            "first_nonfinite": self.first_nonfinite,
         }
 
 

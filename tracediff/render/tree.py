@@ -163,7 +163,17 @@ def _footer(view: TraceView) -> str:
 
 
 def render_json(view: TraceView) -> str:
-    return json.dumps(strict_json_value(view.to_dict()), indent=2, allow_nan=False)
+    """``view.to_dict()`` as strict JSON: indented by 2, with each node on a line of its own.
+
+    One line per node keeps the output of a large trace greppable, and each
+    node is turned into a dict and encoded on its own (json's fast encoder
+    writes no indentation), never the whole tree at once.
+    """
+    header = json.dumps(strict_json_value(view.header_dict()), indent=2, allow_nan=False)
+    nodes = ",\n".join(["    " + json.dumps(strict_json_value(node.to_dict()), allow_nan=False)
+                        for node in view.nodes])
+    body = f"\n{nodes}\n  " if nodes else ""
+    return f'{header[:-2]},\n  "nodes": [{body}]\n}}'  # header is "{\n  ...\n}": nodes go in as its last key
 
 
 def render_csv(view: TraceView) -> str:

@@ -245,8 +245,7 @@ class _Builder:
             node.values[slot] = ReprValue(value) if isinstance(value, str) else value
 
     def _tensor_record(self, entry: dict[str, Any], slot: str, node: Node) -> TensorRecord:
-        where = node.module_path if node.phase == "forward" else f"backward entry ({node.module_path})"
-        stats = self.check.tensor(entry, where)
+        stats = self.check.tensor(entry, node)
         if stats is None:
             stats = {key: parsed for key in fmt.STRING_STAT_KEYS
                      if (parsed := parse_scalar(entry.get(key))) is not None}
@@ -268,23 +267,6 @@ class _Builder:
 def _typed_value(entry: dict[str, Any]) -> Any:
     known, value = fmt.typed_value_content(entry)
     return value if known else ReprValue(str(entry.get(fmt.REPR, "")))
-
-
-def _tensor_record(entry: dict[str, Any], slot: str, order: int) -> TensorRecord:
-    stored = entry.get(fmt.VALUE)
-    stats = entry.get(fmt.STATS)
-    if not isinstance(stats, dict):
-        stats = {key: parsed for key in fmt.STRING_STAT_KEYS if (parsed := parse_scalar(entry.get(key))) is not None}
-    return TensorRecord(
-        slot=slot,
-        order=order,
-        shape=parse_shape(entry[fmt.SHAPE]),
-        dtype=entry[fmt.DTYPE],
-        stats={k: v for k, v in stats.items() if isinstance(v, (int, float))},
-        payload=stored if isinstance(stored, str) else None,
-        repr_lines=tuple(stored) if isinstance(stored, list) and value_problem(stored) is None else None,
-        stale_reason=value_problem(stored),  # a 'value' that is a number or an object: said in the row
-    )
 
 
 @lru_cache(maxsize=4096)  # a trace repeats few shapes: parsed once, and one tuple shared by every record

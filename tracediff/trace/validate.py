@@ -26,6 +26,7 @@ from typing import Any
 
 from .. import format as fmt
 from ..errors import TraceFormatError
+from .model import Node
 
 _MAX_DIMS = 64
 _DIM = re.compile(r"\d+")
@@ -109,8 +110,8 @@ class TreeChecker:
             raise self.fail(node[fmt.MODULE_PATH],
                             f"'error' is {type(error).__name__}; expected an object with 'type' and 'message'")
 
-    def tensor(self, entry: dict[str, Any], where: str) -> dict[str, Any] | None:
-        """Check a tensor entry; returns its numeric statistics (``None`` when it recorded no ``stats`` object).
+    def tensor(self, entry: dict[str, Any], node: Node) -> dict[str, Any] | None:
+        """Check a tensor entry of ``node``; returns its numeric statistics (``None`` when it recorded no ``stats``).
 
         The entry's own ``stats`` object is returned when every value is a
         number, which is the rule; a statistic of an unknown key (a newer
@@ -121,30 +122,35 @@ class TreeChecker:
         if len(shape) > 30:
             dims = _DIM.findall(shape)
             if len(dims) > _MAX_DIMS or any(len(d) > 18 for d in dims):
-                raise self.fail(where, f"tensor shape {shape!r:.60} is not a plausible shape")
+                raise self.fail(_named(node), f"tensor shape {shape!r:.60} is not a plausible shape")
         stats = entry.get(fmt.STATS)
         if stats is None:
             return None
         if type(stats) is not dict:
-            raise self.fail(where, f"tensor 'stats' is {type(stats).__name__}; expected an object of numbers")
-        numeric = self._check_stats(stats, where)
+            raise self.fail(_named(node), f"tensor 'stats' is {type(stats).__name__}; expected an object of numbers")
+        numeric = self._check_stats(stats, node)
         return stats if numeric else {k: v for k, v in stats.items() if type(v) in (int, float)}
 
-    def _check_stats(self, stats: dict[str, Any], where: str) -> bool:
+    def _check_stats(self, stats: dict[str, Any], node: Node) -> bool:
         """Raise for a statistic of the wrong type or range; False when an unknown key holds a non-number."""
         numeric = True
         for key, number in stats.items():
             kind = type(number)
             if kind is float:
                 if key in _COUNTS:
-                    raise self.fail(where, f"tensor statistic {key!r} is {number!r:.40}; expected a count")
+                    raise self.fail(_named(node), f"tensor statistic {key!r} is {number!r:.40}; expected a count")
             elif kind is int:
                 if not (0 if key in _COUNTS else -_INT64) <= number < _INT64:
-                    raise self.fail(where, f"tensor statistic {key!r} is {number!r:.40}; expected "
+                    raise self.fail(_named(node), f"tensor statistic {key!r} is {number!r:.40}; expected "
                                            f"{'a count' if key in _COUNTS else 'a number'}")
             elif key in _STATS:
-                raise self.fail(where, f"tensor statistic {key!r:.40} is {number!r:.40}; expected "
+                raise self.fail(_named(node), f"tensor statistic {key!r:.40} is {number!r:.40}; expected "
                                        f"{'a count' if key in _COUNTS else 'a number'}")
             else:  # an unknown key is a statistic of a newer minor version: ignored by readers
                 numeric = False
         return numeric
+
+
+def _named(node: Node) -> str:
+    """How messages name the call whose tensor entry is wrong (built only when one is)."""
+    return node.module_path if node.phase == "forward" else f"backward entry ({node.module_path})"
