@@ -54,6 +54,7 @@ from .pairing import plan_pairs
 from .rename_map import RenameSpec, rename_rules
 from .result import Alignment, TensorComparison, build_row, fill
 from .slots import slot_rules
+from .sources import role
 from .tolerance import Tolerance, TolerancePolicy
 from .unrecorded import carry_origin, mark_unrecorded_origin
 from .verdicts import check_ignore, judge
@@ -147,10 +148,13 @@ def _align(a: TraceLike, b: TraceLike, *, atol: Tolerance, rtol: Tolerance, rena
                   for na, ra, nb, rb in jobs]
     tick = _progress(progress, jobs)
 
+    relaid = bool(plan.how)  # some pair is related by a layout transform (or was paired by map or structure)
+
     def compare(index: int) -> dict[str, Any]:
         _, ra, _, rb = jobs[index]
-        fields = plan.compare(trace_a, ra, trace_b, rb, atol=tolerances[index][0], rtol=tolerances[index][1]) \
-            or compare_records(trace_a, ra, trace_b, rb, atol=tolerances[index][0], rtol=tolerances[index][1])
+        atol, rtol = tolerances[index]
+        fields = relaid and plan.compare(trace_a, ra, trace_b, rb, atol=atol, rtol=rtol) \
+            or compare_records(trace_a, ra, trace_b, rb, atol=atol, rtol=rtol)
         tick(rb)
         return fields
 
@@ -237,18 +241,9 @@ def _row(order: int, node_a: Node, ra: TensorRecord, node_b: Node, rb: TensorRec
     )
 
 
-_ROLES = {"inputs": ("forward", "in"), "outputs": ("forward", "out"),
-          "grad_outputs": ("backward", "in"), "grad_inputs": ("backward", "out")}
-
-
-def _role(slot: str) -> tuple[str, str]:
-    """(pass, side) of a slot: what flows into a call and what comes out, forward or backward."""
-    return _ROLES.get(slot.partition(".")[0], ("forward", "out"))
-
-
 def _with_origins(rows: list[TensorComparison]) -> list[TensorComparison]:
     """Fill input_err, amplification and origin from the rows of what flowed into each call."""
-    roles = [_role(row.tensor) for row in rows]
+    roles = [role(row.tensor) for row in rows]
     incoming: defaultdict[tuple[str, int, str, int | None], list[TensorComparison]] = defaultdict(list)
     for row, (phase, side) in zip(rows, roles):
         if side == "in":

@@ -31,18 +31,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from ..trace.model import Node, TensorRecord
 from .result import TensorComparison, fill
-
-
-@dataclass(frozen=True, slots=True)
-class RowContext:
-    """What the growth of a row needs beyond the row: its node in B, and A's largest magnitude."""
-
-    node_b: Node
-    scale_a: float | None
 
 
 def scale_of(record: TensorRecord) -> float | None:
@@ -73,30 +64,33 @@ def excess(row: TensorComparison, scale_a: float | None) -> float | None:
     return math.inf if error > 0 else 0.0
 
 
-def _role(slot: str) -> tuple[str, str]:
+_ROLES = {"inputs": ("forward", "in"), "outputs": ("forward", "out"),
+          "grad_outputs": ("backward", "in"), "grad_inputs": ("backward", "out")}
+
+
+def role(slot: str) -> tuple[str, str]:
     """(pass, side) of a slot: what flows into a call and what comes out, forward or backward."""
-    head = slot.split(".", 1)[0]
-    return {"inputs": ("forward", "in"), "outputs": ("forward", "out"),
-            "grad_outputs": ("backward", "in"), "grad_inputs": ("backward", "out")}.get(head, ("forward", "out"))
+    return _ROLES.get(slot.partition(".")[0], ("forward", "out"))
 
 
-def find_sources(rows: Sequence[TensorComparison], contexts: Sequence[RowContext], *,
+def find_sources(rows: Sequence[TensorComparison], nodes_b: Sequence[Node], scales_a: Sequence[float | None], *,
                  noise_factor: float, never_source: Sequence[bool] | None = None
                  ) -> tuple[list[TensorComparison], list[bool]]:
     """Fill ``growth`` and ``origin`` of every row; returns the rows and which of them are sources.
 
-    ``rows`` are in B's execution order; ``never_source`` marks rows (ignored
-    ones) that count as flowing into later rows but are never sources.
+    ``rows`` are in B's execution order, ``nodes_b[i]`` is row i's call in B
+    and ``scales_a[i]`` A's largest magnitude there (:func:`scale_of`);
+    ``never_source`` marks rows (ignored ones) that count as flowing into
+    later rows but are never sources.
     """
     running: dict[tuple[str, int], float] = {}  # (phase, id of a call) -> largest excess recorded inside it so far
     out: list[TensorComparison] = []
     flags: list[bool] = []
-    for index, (row, context) in enumerate(zip(rows, contexts)):
-        phase, side = _role(row.tensor)
-        node = context.node_b
+    for index, (row, node, scale_a) in enumerate(zip(rows, nodes_b, scales_a)):
+        phase, side = role(row.tensor)
         enclosing = node if side == "out" else node.parent
         incoming = running.get((phase, id(enclosing)), 0.0) if enclosing is not None else 0.0
-        value = excess(row, context.scale_a)
+        value = excess(row, scale_a)
         growth = None if value is None else (value / max(incoming, 1.0) if not math.isinf(value) or
                                              not math.isinf(incoming) else 1.0)
         is_source = bool(row.diverged and not (never_source and never_source[index])

@@ -29,7 +29,7 @@ from ..trace.model import Node, TensorRecord
 from .compare import compare_records
 from .noise import accept_by_relative_norm, apply_floor, baseline_records, counterpart, dtype_warning, floor_of
 from .result import TensorComparison
-from .sources import RowContext, find_sources, scale_of
+from .sources import find_sources, scale_of
 
 Job = tuple[Node, TensorRecord, Node, TensorRecord]
 Runner = Callable[[Callable[[int], Any], Iterable[int]], list[Any]]
@@ -89,7 +89,8 @@ def judge(rows: Sequence[TensorComparison], jobs: Sequence[Job], trace_a: Trace,
             warnings.append(f"{missing} of {len(rows)} compared tensors have no counterpart in the baseline "
                             "(or it could not be measured): they were judged by the ordinary tolerance")
     else:
-        judged = [accept_by_relative_norm(row, job[1]) for row, job in zip(rows, jobs)]
+        judged = [accept_by_relative_norm(row, job[1]) if row.within_tolerance is False else row  # row.diverged
+                  for row, job in zip(rows, jobs)]
         warning = dtype_warning(judged)
         if warning:
             warnings.append(warning)
@@ -101,8 +102,8 @@ def judge(rows: Sequence[TensorComparison], jobs: Sequence[Job], trace_a: Trace,
         if label not in used:
             warnings.append(f"--ignore pattern {label!r} matches no compared tensor")
 
-    contexts = [RowContext(node_b=job[2], scale_a=scale_of(job[1])) for job in jobs]
-    judged, flags = find_sources(judged, contexts, noise_factor=noise_factor,
+    judged, flags = find_sources(judged, [job[2] for job in jobs], [scale_of(job[1]) for job in jobs],
+                                 noise_factor=noise_factor,
                                  never_source=[m is not None for m in matched])
     kept = [row for row, m in zip(judged, matched) if m is None]
     ignored = [_mark_ignored(row, m) for row, m in zip(judged, matched) if m is not None]

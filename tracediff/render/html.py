@@ -414,11 +414,15 @@ def _compact(value: Any, strings: dict[str, int]) -> Any:
     return [strings[text]]  # a one-element list marks an interned string
 
 
+# The symmetric aliases repeat call_index and tensor: the page would show each of those columns twice.
+_PAGE_COLUMNS = [column for column in TABLE_COLUMNS if column not in ("call_index_a", "tensor_b")]
+
+
 def _data_json(result: Alignment) -> str:
     strings: dict[str, int] = {}
-    rows = [[_compact(getattr(row, column), strings) for column in TABLE_COLUMNS] for row in result.rows]
+    rows = [[_compact(getattr(row, column), strings) for column in _PAGE_COLUMNS] for row in result.rows]
     first = result.first_divergence
-    data = {"columns": TABLE_COLUMNS, "strings": list(strings), "rows": rows,
+    data = {"columns": _PAGE_COLUMNS, "strings": list(strings), "rows": rows,
             "first": first.order if first is not None else None,
             "sources": [row.order for row in result.sources], "noise_factor": result.noise_factor}
     text = json.dumps(data, separators=(",", ":"), allow_nan=False)
