@@ -21,7 +21,8 @@ if TYPE_CHECKING:
 
 _STAT_KEYS = MOMENT_STAT_KEYS  # the statistics compared with a tolerance when a payload is missing
 NAN = math.nan
-_COUNT_KEYS = ("nan", "posinf", "neginf")
+_ALL_STATS = frozenset(_STAT_KEYS)
+_COUNT_STATS = frozenset(("nan", "posinf", "neginf"))
 
 
 def compare_records(
@@ -85,13 +86,14 @@ def compare_stats(ra: TensorRecord, rb: TensorRecord, *, atol: float, rtol: floa
     and NaN/Inf counts must agree when both sides recorded them. The other
     metrics are NaN.
     """
-    keys = [k for k in _STAT_KEYS if k in ra.stats and k in rb.stats]
+    sa, sb = ra.stats, rb.stats
+    keys = _STAT_KEYS if _ALL_STATS <= sa.keys() and _ALL_STATS <= sb.keys() else \
+        tuple(k for k in _STAT_KEYS if k in sa and k in sb)
     if not keys:
         missing = "A" if not ra.stats else "B"
         return verdict_fields("no_data", None, f"no payload and no statistics in {missing}")
     if ra.stats == rb.stats and not (ra.stale_reason or rb.stale_reason):  # the same numbers: nothing differs
-        return _stats_fields(True, _compared_on(tuple(keys)), 0.0, 0.0, 0.0, 0.0, 0, 0)
-    sa, sb = ra.stats, rb.stats
+        return _stats_fields(True, _compared_on(keys), 0.0, 0.0, 0.0, 0.0, 0, 0)
     # written in full by tracediff (with "numel"), or rounded to five digits by transformers: see _rounding
     round_a, round_b = (0.0 if "numel" in stats else _REPR_ROUNDING for stats in (sa, sb))
     isfinite, inf = math.isfinite, math.inf
@@ -126,14 +128,14 @@ def compare_stats(ra: TensorRecord, rb: TensorRecord, *, atol: float, rtol: floa
         if not (isfinite(excess) and excess <= atol + rtol * scale):
             failing.append(f"{key} {va:.6g} vs {vb:.6g}")
     nan_a = nan_b = inf_a = inf_b = 0  # transformers' traces record no counts: nothing to compare
-    if all(k in sa and k in sb for k in _COUNT_KEYS):
+    if _COUNT_STATS <= sa.keys() and _COUNT_STATS <= sb.keys():
         nan_a, nan_b = int(sa["nan"]), int(sb["nan"])
         inf_a, inf_b = int(sa["posinf"]) + int(sa["neginf"]), int(sb["posinf"]) + int(sb["neginf"])
     if nan_a != nan_b:
         failing.append(f"NaN count {nan_a} vs {nan_b}")
     if inf_a != inf_b:
         failing.append(f"Inf count {inf_a} vs {inf_b}")
-    reason = "compared on statistics only: " + ", ".join(failing) if failing else _compared_on(tuple(keys))
+    reason = "compared on statistics only: " + ", ".join(failing) if failing else _compared_on(keys)
     stale = ra.stale_reason or rb.stale_reason
     if stale:
         reason += f" ({stale})"

@@ -38,8 +38,8 @@ if TYPE_CHECKING:
     import torch
 
 _SHAPE = re.compile(r"-?\d+")
-_build_record = frozen_builder(TensorRecord)  # TensorRecord(...), faster: a record per tensor of the trace
 _SCALAR = re.compile(r"tensor\(\s*([-+0-9.eEinfa]+)")
+_build_record = frozen_builder(TensorRecord)  # TensorRecord(...), faster: a record per tensor of the trace
 
 
 @dataclass
