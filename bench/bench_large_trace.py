@@ -7,11 +7,13 @@
 Writes a synthetic tracediff trace (summary mode: statistics, no payloads) of
 a model with many layers until the FULL_TENSORS JSON reaches ``--mb``, and a
 second one beside it (``--dir``/port) with every mean moved by one part in a
-million (within tolerance, but no statistic is equal, so every pair is
-compared in full). Then runs each command in a fresh process under
-``/usr/bin/time -v`` and prints wall time and peak RSS (maximum resident set
-size): ``align`` compares the trace with itself, ``align-port`` with the
-moved copy. The traces are kept in ``--dir`` for reruns (``--reuse``).
+million: within tolerance, but no tensor's statistics are equal to A's, so
+every pair is compared statistic by statistic. Then runs each command in a
+fresh process under ``/usr/bin/time -v`` and prints wall time, CPU time and
+peak RSS (maximum resident set size); with ``--repeats N`` the commands run
+N times, interleaved, and the median times and the largest peak are printed.
+``align`` compares the trace with itself, ``align-port`` with the moved copy.
+The traces are kept in ``--dir`` for reruns (``--reuse``).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import argparse
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import time
@@ -86,6 +89,8 @@ def main() -> None:
     parser.add_argument("--reuse", action="store_true", help="reuse the trace already in --dir")
     parser.add_argument("--only", action="append", choices=["show", "show-json", "align", "align-port"],
                         help="run only this command (repeatable; default: all four)")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="runs of each command, interleaved; the medians are printed (default 1)")
     args = parser.parse_args()
     folder = Path(args.dir)
     port = folder / "port"
@@ -98,10 +103,17 @@ def main() -> None:
                 "show-json": ["show", str(folder), "--format", "json"],
                 "align": ["align", str(folder), str(folder)],
                 "align-port": ["align", str(folder), str(port)]}
-    for name in args.only or list(commands):
-        argv = commands[name]
-        wall, cpu, rss, code = measure(argv)
-        print(f"{name:20s} wall {wall:7.1f} s  cpu {cpu:7.1f} s  peak RSS {rss:7.0f} MB  exit {code}", flush=True)
+    names = args.only or list(commands)
+    runs: dict[str, list[tuple[float, float, float, int]]] = {name: [] for name in names}
+    for _ in range(args.repeats):  # interleaved, so that a noisy moment touches every command alike
+        for name in names:
+            runs[name].append(measure(commands[name]))
+    for name in names:
+        walls, cpus, rsss, codes = zip(*runs[name])
+        spread = f" (runs: {', '.join(f'{w:.1f}' for w in walls)})" if len(walls) > 1 else ""
+        print(f"{name:20s} wall {statistics.median(walls):7.1f} s  cpu {statistics.median(cpus):7.1f} s  "
+              f"peak RSS {max(rsss):7.0f} MB  exit {sorted(set(codes))}{spread}", flush=True)
+    print(f"load average: {os.getloadavg()[0]:.2f}", flush=True)
 
 
 if __name__ == "__main__":
