@@ -39,7 +39,7 @@ SCRIPT = textwrap.dedent('''
                     os.kill(os.getpid(), signal.SIGTERM)
                 if i == 2 and self.how == "exit":
                     sys.exit(7)
-                x = layer(x)
+                x = torch.relu(layer(x))  # an op of Dies's own code, between its submodule calls
             return x
 
     def build(how):
@@ -97,6 +97,25 @@ def test_a_sigkilled_capture_leaves_a_trace_that_show_and_align_read_as_incomple
     assert "INCOMPLETE trace B: the capture process ended" in out and "NOT PASSED: the comparison ends" in out
     assert cli(["align", str(tmp_path / "fine"), str(folder), "--allow-incomplete"], capsys)[0] == 0
     assert tracediff.align(tmp_path / "fine", folder, allow_incomplete=True).passed
+
+
+def test_a_sigkilled_capture_of_ops_keeps_its_op_nodes_in_their_places(
+        script: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli(["capture", f"{script}:fine", "--out", str(tmp_path / "fine"), "--ops"], capsys)[0] == 0
+    killed = subprocess.run([sys.executable, "-m", "tracediff", "capture", f"{script}:killed", "--out",
+                             str(tmp_path / "killed"), "--ops"], capture_output=True, text=True, timeout=120)
+    assert killed.returncode == -signal.SIGKILL
+    trace = tracediff.load_trace(tmp_path / "killed")
+    root = trace.roots[0]
+    assert [(op.op_index, op.op.rpartition(".")[2]) for op in root.ops] == [(0, "relu"), (1, "relu")]
+    assert all(op.tensors for op in root.ops)  # with their inputs and outputs
+    # in call order among the submodule calls: layer 0, its relu, layer 1, its relu
+    shown = [node.name for node in tracediff.show.show_trace(tmp_path / "killed").nodes if node.depth == 1]
+    assert shown == ["layers.0", "#0 torch.relu", "layers.1", "#1 torch.relu"]
+    assert [op.op_index for op in root.children[0].ops] == [0]  # each Linear's own F.linear, inside it
+    result = tracediff.align(tmp_path / "fine", tmp_path / "killed", allow_incomplete=True)
+    relu_rows = [row for row in result.rows if row.op == "torch.relu"]
+    assert result.passed and len(relu_rows) == 4 and all(row.status == "identical" for row in relu_rows)
 
 
 def test_sigterm_writes_the_partial_trace_like_ctrl_c(script: Path, tmp_path: Path,
@@ -254,3 +273,20 @@ def test_capture_into_a_read_only_folder_or_under_a_file_is_one_line(tmp_path: P
         code, _, err = cli(["demo", "--out", str(locked / "demo")], capsys)
         assert code == 2 and err.count("\n") == 1
     assert tree_file  # the helpers stay importable
+
+
+def test_journal_op_lines_are_placed_by_position_even_when_written_late(tmp_path: Path) -> None:
+    """With writer threads an op's line waits for its payloads: it may follow the next call's line."""
+    tensor = {"shape": "torch.Size([2])", "dtype": "torch.float32", "stats": {"numel": 2, "mean": 0.5}}
+    op = {"module_path": "M", "call_index": 0, "op": "torch.relu", "op_index": 0,
+          "inputs": {"args": [tensor]}, "outputs": tensor}
+    lines = [{"enter": 0, "parent": None, "module_path": "M", "call_index": 0, "module_type": "M"},
+             {"enter": 1, "parent": 0, "module_path": "M.a", "call_index": 0, "module_type": "Linear"},
+             {"exit": 1, "node": {"module_path": "M.a", "call_index": 0, "outputs": tensor}},
+             {"enter": 2, "parent": 0, "module_path": "M.b", "call_index": 0, "module_type": "Linear"},
+             {"op_in": 0, "at": 1, "node": op},  # ran between M.a and M.b
+             {"op_in": 7, "at": 0, "node": op},  # a call the journal never started: ignored
+             {"exit": 2, "node": {"module_path": "M.b", "call_index": 0, "outputs": tensor}}]
+    (tmp_path / "tracediff_journal.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    names = [node.name for node in tracediff.show.show_trace(tmp_path).nodes]
+    assert names == ["M", "a", "#0 torch.relu", "b"]

@@ -261,7 +261,20 @@ class Journal:
         if self._fd is None or id(node) not in self._ids:
             return
         body = {key: value for key, value in node.items() if key != fmt.CHILDREN}
-        line = self._line({fmt.JOURNAL_EXIT: self._ids[id(node)], fmt.JOURNAL_NODE: body})
+        self._append_when_written(self._line({fmt.JOURNAL_EXIT: self._ids[id(node)], fmt.JOURNAL_NODE: body}),
+                                  after_written)
+
+    def op(self, node: dict[str, Any], call: dict[str, Any], at: int,
+           after_written: Callable[[Callable[[], None]], None] | None = None) -> None:
+        """Record op node ``node``, child ``at`` of ``call``, once its payloads are on disk (as ``finished``)."""
+        if self._fd is None or id(call) not in self._ids:
+            return
+        self._append_when_written(
+            self._line({fmt.JOURNAL_OP_IN: self._ids[id(call)], fmt.JOURNAL_AT: at, fmt.JOURNAL_NODE: node}),
+            after_written)
+
+    def _append_when_written(self, line: bytes | None,
+                             after_written: Callable[[Callable[[], None]], None] | None) -> None:
         if line is None:
             return
         if after_written is None:

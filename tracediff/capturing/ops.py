@@ -194,13 +194,16 @@ class OpRecorder:
     paused, so that encoding a module's tensors records nothing) and keep the
     stack of module calls; ``node_of`` returns the JSON node the inner
     recorder opened for the call. ``encode(value, name)`` encodes a value and
-    never raises. ``start()`` pushes the torch function mode, ``stop()`` pops
+    never raises; ``on_recorded(op_node, call_node)`` is told of each op node
+    added to a call's children. ``start()`` pushes the torch function mode, ``stop()`` pops
     it; ``stop()`` is safe to call twice.
     """
 
     def __init__(self, inner: Any, selection: OpSelection, encode: Callable[[Any, str], Any],
-                 node_of: Callable[[], dict[str, Any]]) -> None:
+                 node_of: Callable[[], dict[str, Any]],
+                 on_recorded: Callable[[dict[str, Any], dict[str, Any]], None] | None = None) -> None:
         self.inner = inner
+        self.on_recorded = on_recorded
         self.selection = selection
         self.encode = encode
         self.node_of = node_of
@@ -282,6 +285,8 @@ class OpRecorder:
                                      inputs, outputs_entry)
             frame.node.setdefault(fmt.CHILDREN, []).append(node)
             self.recorded += 1
+            if self.on_recorded is not None:  # the capture's journal: a process killed later still leaves it
+                self.on_recorded(node, frame.node)
         except Exception:  # noqa: BLE001 - recording must never break the user's forward
             self.unrecorded += 1
         return result
@@ -360,4 +365,5 @@ def op_capture(recorder: Any, selection: OpSelection | None) -> OpRecorder | Non
     """
     if selection is None:
         return None
-    return OpRecorder(recorder, selection, recorder._encode, lambda: recorder.stack[-1])
+    return OpRecorder(recorder, selection, recorder._encode, lambda: recorder.stack[-1],
+                      on_recorded=recorder.op_recorded)

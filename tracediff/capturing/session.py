@@ -169,6 +169,13 @@ class _NativeRecorder:
             self.failure = TracediffError(f"{name}: could not record value: {type(e).__name__}: {e}")
             return None
 
+    def op_recorded(self, node: dict[str, Any], call: dict[str, Any]) -> None:
+        """An op node was added as the last child of ``call`` (op-level capture): journal it."""
+        if self.journal is not None:  # written once the op's payloads are on disk
+            pipeline = self.encoder.pipeline
+            self.journal.op(node, call, len(call[fmt.CHILDREN]) - 1,
+                            pipeline.after_written if pipeline is not None else None)
+
     def _close(self, node: dict[str, Any]) -> bool:
         """Attach a finished call to its parent; True when it was a top-level call."""
         if self.journal is not None:  # written once the call's payloads are on disk

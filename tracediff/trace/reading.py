@@ -10,8 +10,8 @@ A folder whose capture process was killed (SIGKILL, out of memory) holds no
 tree JSON, only payloads and ``tracediff_journal.jsonl``. The tree is then
 rebuilt from the journal: every call that finished, with its inputs and
 outputs, and every call that had started, with an ``error`` saying the
-process ended inside it. Such a trace is incomplete
-(:func:`incomplete_reason`).
+process ended inside it, with the op nodes of op-level capture in their
+places. Such a trace is incomplete (:func:`incomplete_reason`).
 """
 
 from __future__ import annotations
@@ -63,6 +63,7 @@ def tree_from_journal(path: Path, root: Path) -> dict[str, Any]:
     nodes: dict[int, dict[str, Any]] = {}
     parents: dict[int, int | None] = {}
     finished: set[int] = set()
+    ops: dict[int, list[tuple[int, dict[str, Any]]]] = {}  # call id -> (index among its children, op node)
     for line in data.split(b"\n"):
         try:
             entry = json.loads(line)
@@ -77,12 +78,17 @@ def tree_from_journal(path: Path, root: Path) -> dict[str, Any]:
             nodes[seq] = fmt.node_entry(entry[fmt.MODULE_PATH], module_type=_str_or_none(entry.get(fmt.MODULE_TYPE)),
                                         call_index=entry.get(fmt.CALL_INDEX), children=[])
             continue
-        seq = entry.get(fmt.JOURNAL_EXIT)
         body = entry.get(fmt.JOURNAL_NODE)
+        seq = entry.get(fmt.JOURNAL_EXIT)
         if isinstance(seq, int) and seq in nodes and isinstance(body, dict):
             body = {k: v for k, v in body.items() if k not in (fmt.CHILDREN, fmt.MODULE_PATH)}
             nodes[seq].update(body)
             finished.add(seq)
+            continue
+        call, at = entry.get(fmt.JOURNAL_OP_IN), entry.get(fmt.JOURNAL_AT)
+        if isinstance(call, int) and call in nodes and isinstance(at, int) and isinstance(body, dict) \
+                and fmt.is_op_node(body):
+            ops.setdefault(call, []).append((at, body))
     roots: list[dict[str, Any]] = []
     for seq in sorted(nodes):
         node = nodes[seq]
@@ -90,6 +96,10 @@ def tree_from_journal(path: Path, root: Path) -> dict[str, Any]:
             node[fmt.ERROR] = fmt.error_entry(fmt.UNFINISHED_CALL, "the capture process ended inside this call")
         parent = parents[seq]
         (nodes[parent][fmt.CHILDREN] if parent is not None else roots).append(node)
+    for call, placed in ops.items():  # each op where it was among the call's children, the calls in start order
+        children = nodes[call][fmt.CHILDREN]
+        for at, op in sorted(placed, key=lambda item: item[0]):
+            children.insert(min(max(at, 0), len(children)), op)
     for node in nodes.values():
         if not node[fmt.CHILDREN]:
             del node[fmt.CHILDREN]

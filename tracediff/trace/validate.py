@@ -82,8 +82,8 @@ class TreeChecker:
             raise TraceFormatError(f"{self.json_path}: 'children' of {node[fmt.MODULE_PATH]} is not a list")
         return children
 
-    def backward_entry(self, i: int, entry: Any) -> str:
-        """Check backward entry ``i``; returns how messages name it."""
+    def backward_entry(self, i: int, entry: Any) -> None:
+        """Check backward entry ``i`` (its own fields; its tensors are checked as they are read)."""
         if not isinstance(entry, dict) or not isinstance(entry.get(fmt.MODULE_PATH), str):
             raise self.fail(f"backward entry {i}", "is not an object with a string 'module_path'")
         where = f"backward entry {i} ({entry[fmt.MODULE_PATH]})"
@@ -94,7 +94,6 @@ class TreeChecker:
                                       and all(o is None or _int_in(o, 0, _INT64) for o in order)):
             raise self.fail(where, f"'backward_order' is {order!r:.40}; expected [arrival, departure] numbers")
         self.node_fields(entry)
-        return where
 
     def node_fields(self, node: dict[str, Any]) -> None:
         call_index = node.get(fmt.CALL_INDEX)
