@@ -50,6 +50,7 @@ JOURNAL_PARENT = "parent"
 JOURNAL_NODE = "node"
 JOURNAL_OP_IN = "op_in"  # an op node recorded inside the call of this journal id
 JOURNAL_AT = "at"  # the op node's index among that call's children
+JOURNAL_BACKWARD = "backward"  # a backward node, as recorded so far
 #: Held (created exclusively) while a capture writes into the folder: ``"{pid} {host}"``.
 LOCK_FILE = ".tracediff.lock"
 #: The ``error`` type of a call that had not returned when the capture process died (journal traces only).

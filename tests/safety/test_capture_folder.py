@@ -40,6 +40,8 @@ SCRIPT = textwrap.dedent('''
                 if i == 2 and self.how == "exit":
                     sys.exit(7)
                 x = torch.relu(layer(x))  # an op of Dies's own code, between its submodule calls
+                if i == 1 and self.how == "SIGKILL in backward":  # once layers 3 and 2 have their gradients
+                    x.register_hook(lambda grad: os.kill(os.getpid(), signal.SIGKILL))
             return x
 
     def build(how):
@@ -48,6 +50,9 @@ SCRIPT = textwrap.dedent('''
 
     def killed():
         return build("SIGKILL")
+
+    def killed_in_backward():
+        return build("SIGKILL in backward")
 
     def terminated():
         return build("SIGTERM")
@@ -273,6 +278,22 @@ def test_capture_into_a_read_only_folder_or_under_a_file_is_one_line(tmp_path: P
         code, _, err = cli(["demo", "--out", str(locked / "demo")], capsys)
         assert code == 2 and err.count("\n") == 1
     assert tree_file  # the helpers stay importable
+
+
+def test_a_capture_killed_in_backward_keeps_the_gradients_recorded_so_far(script: Path, tmp_path: Path) -> None:
+    folder = tmp_path / "killed"
+    killed = subprocess.run([sys.executable, "-m", "tracediff", "capture", f"{script}:killed_in_backward", "--out",
+                             str(folder), "--backward"], capture_output=True, text=True, timeout=120)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    trace = tracediff.load_trace(folder)
+    assert trace.incomplete_reason is not None
+    assert [n.module_path for n in trace.roots[0].walk()] == ["Dies", *(f"Dies.layers.{i}" for i in range(4))]
+    done = {n.module_path: [t.slot for t in n.tensors] for n in trace.backward}
+    # gradients reached the last two layers, which produced their input gradients, before the process died
+    assert done["Dies.layers.3"] == ["grad_outputs.0", "grad_inputs.0"]
+    assert done["Dies.layers.2"] == ["grad_outputs.0", "grad_inputs.0"]
+    assert "Dies.layers.0" not in done
+    assert all(t.has_payload for n in trace.backward for t in n.tensors)
 
 
 def test_journal_op_lines_are_placed_by_position_even_when_written_late(tmp_path: Path) -> None:

@@ -26,6 +26,7 @@ gradients bit-identical.
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any
 
 from torch import nn
@@ -37,8 +38,10 @@ from .. import format as fmt
 class BackwardRecorder:
     """Holds the hooks and the backward nodes of one capture."""
 
-    def __init__(self, model: nn.Module, root_name: str, encode: Any, forward_calls: dict[str, int]) -> None:
+    def __init__(self, model: nn.Module, root_name: str, encode: Any, forward_calls: dict[str, int],
+                 on_recorded: Callable[[dict[str, Any]], None] | None = None) -> None:
         self._encode = encode
+        self._on_recorded = on_recorded  # told of a node when its gradients arrive and when it is done
         self._forward_calls = forward_calls
         self._handles: list[RemovableHandle] = []
         self._pending: defaultdict[str, list[dict[str, Any]]] = defaultdict(list)
@@ -60,6 +63,8 @@ class BackwardRecorder:
             node = fmt.backward_node_entry(path, type(module).__name__, call_index, grads, self._tick())
             self._pending[path].append(node)
             self.nodes.append(node)
+            if self._on_recorded is not None:
+                self._on_recorded(node)
 
         return hook
 
@@ -71,6 +76,8 @@ class BackwardRecorder:
             prefix = fmt.call_prefix(path, node[fmt.CALL_INDEX])
             node[fmt.GRAD_INPUTS] = self._encode(list(grad_input), fmt.payload_name(prefix, fmt.GRAD_INPUTS))
             node[fmt.BACKWARD_ORDER][1] = self._tick()
+            if self._on_recorded is not None:
+                self._on_recorded(node)
 
         return hook
 

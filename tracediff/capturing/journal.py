@@ -10,11 +10,13 @@
   files, the payloads they (or its journal) reference inside the folder, its
   metadata, journal and stale lock, and the same inside ``rank{r}/`` folders.
   Anything else (an inputs file, notes) stays.
-* **Journal**: while the forward runs, one line per call started and finished
-  is appended to ``tracediff_journal.jsonl`` (one ``write`` each, no fsync: it
-  survives the process, not the machine). When the process is killed before
-  the trace JSON is written, readers rebuild the tree from it, marked
-  incomplete. It is removed once the trace JSON and metadata are written.
+* **Journal**: while the forward and backward run, one line per call started
+  and finished, per op recorded (with its place among its call's children)
+  and per backward node that got gradients is appended to
+  ``tracediff_journal.jsonl`` (one ``write`` each, no fsync: it survives the
+  process, not the machine). When the process is killed before the trace
+  JSON is written, readers rebuild the tree from it, marked incomplete. It is
+  removed once the trace JSON and metadata are written.
 """
 
 from __future__ import annotations
@@ -272,6 +274,11 @@ class Journal:
         self._append_when_written(
             self._line({fmt.JOURNAL_OP_IN: self._ids[id(call)], fmt.JOURNAL_AT: at, fmt.JOURNAL_NODE: node}),
             after_written)
+
+    def backward(self, node: dict[str, Any], after_written: Callable[[Callable[[], None]], None] | None = None) -> None:
+        """Record backward node ``node`` as it is now, once its payloads are on disk (as ``finished``)."""
+        if self._fd is not None:
+            self._append_when_written(self._line({fmt.JOURNAL_BACKWARD: node}), after_written)
 
     def _append_when_written(self, line: bytes | None,
                              after_written: Callable[[Callable[[], None]], None] | None) -> None:

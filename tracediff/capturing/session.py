@@ -36,7 +36,7 @@ import random
 import sys
 import warnings
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -172,15 +172,22 @@ class _NativeRecorder:
     def op_recorded(self, node: dict[str, Any], call: dict[str, Any]) -> None:
         """An op node was added as the last child of ``call`` (op-level capture): journal it."""
         if self.journal is not None:  # written once the op's payloads are on disk
-            pipeline = self.encoder.pipeline
-            self.journal.op(node, call, len(call[fmt.CHILDREN]) - 1,
-                            pipeline.after_written if pipeline is not None else None)
+            self.journal.op(node, call, len(call[fmt.CHILDREN]) - 1, self._after_written())
+
+    def backward_recorded(self, node: dict[str, Any]) -> None:
+        """A backward node got gradients (backward capture): journal it as it is now."""
+        if self.journal is not None:
+            self.journal.backward(node, self._after_written())
+
+    def _after_written(self) -> Callable[[Callable[[], None]], None] | None:
+        """The payload pipeline's ``after_written``, or None when payloads are written as they are encoded."""
+        pipeline = self.encoder.pipeline
+        return pipeline.after_written if pipeline is not None else None
 
     def _close(self, node: dict[str, Any]) -> bool:
         """Attach a finished call to its parent; True when it was a top-level call."""
         if self.journal is not None:  # written once the call's payloads are on disk
-            pipeline = self.encoder.pipeline
-            self.journal.finished(node, pipeline.after_written if pipeline is not None else None)
+            self.journal.finished(node, self._after_written())
         while self.stack and self.stack[-1] is not node:
             self.stack.pop()
         if self.stack:
@@ -328,8 +335,8 @@ def capture(
     recorder.journal = Journal(folder)
     op_recorder = op_capture(recorder, op_selection)
     patch = ForwardPatch(model, op_recorder or recorder, root_name=recorder.model_name)
-    recorder.backward = BackwardRecorder(model, recorder.model_name, recorder._encode, recorder.counts) \
-        if backward else None
+    recorder.backward = BackwardRecorder(model, recorder.model_name, recorder._encode, recorder.counts,
+                                         on_recorded=recorder.backward_recorded) if backward else None
     options = {"tensors": tensors, "prune_layers": prune_layers, "verify": verify, "ranks": ranks,
                "full_dtensor": full_dtensor, "backward": backward,
                "ops": op_recorder.selection.to_dict() if op_recorder else None,

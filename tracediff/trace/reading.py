@@ -11,7 +11,8 @@ tree JSON, only payloads and ``tracediff_journal.jsonl``. The tree is then
 rebuilt from the journal: every call that finished, with its inputs and
 outputs, and every call that had started, with an ``error`` saying the
 process ended inside it, with the op nodes of op-level capture in their
-places. Such a trace is incomplete (:func:`incomplete_reason`).
+places and the backward nodes recorded so far. Such a trace is incomplete
+(:func:`incomplete_reason`).
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ def tree_from_journal(path: Path, root: Path) -> dict[str, Any]:
     parents: dict[int, int | None] = {}
     finished: set[int] = set()
     ops: dict[int, list[tuple[int, dict[str, Any]]]] = {}  # call id -> (index among its children, op node)
+    backward: dict[Any, dict[str, Any]] = {}  # arrival -> the backward node as last recorded
     for line in data.split(b"\n"):
         try:
             entry = json.loads(line)
@@ -84,6 +86,11 @@ def tree_from_journal(path: Path, root: Path) -> dict[str, Any]:
             body = {k: v for k, v in body.items() if k not in (fmt.CHILDREN, fmt.MODULE_PATH)}
             nodes[seq].update(body)
             finished.add(seq)
+            continue
+        grads = entry.get(fmt.JOURNAL_BACKWARD)
+        if isinstance(grads, dict) and isinstance(grads.get(fmt.BACKWARD_ORDER), list) and grads[fmt.BACKWARD_ORDER]:
+            arrival = grads[fmt.BACKWARD_ORDER][0]
+            backward[arrival if isinstance(arrival, int) else len(backward)] = grads
             continue
         call, at = entry.get(fmt.JOURNAL_OP_IN), entry.get(fmt.JOURNAL_AT)
         if isinstance(call, int) and call in nodes and isinstance(at, int) and isinstance(body, dict) \
@@ -108,6 +115,8 @@ def tree_from_journal(path: Path, root: Path) -> dict[str, Any]:
     tree = roots[0]
     if len(roots) > 1:
         tree[fmt.SUBSEQUENT_CALLS] = roots[1:]
+    if backward:
+        tree[fmt.BACKWARD] = list(backward.values())  # in arrival order: the reader orders records by the clock
     return tree
 
 
