@@ -82,6 +82,33 @@ def measure(argv: list[str]) -> tuple[float, float, float, int]:
     return wall, cpu, rss, done.returncode
 
 
+def phases(folder_a: Path, folder_b: Path) -> None:
+    """Where the time of ``align A B`` goes: imports, reading each trace, aligning, rendering (in this process)."""
+    started = time.perf_counter()
+    from tracediff._gc import paused_gc
+    from tracediff.alignment import align
+    from tracediff.render.alignment import render_table
+    from tracediff.trace.load import load_trace
+
+    def timed(name: str, began: float) -> None:
+        print(f"{name:20s} {time.perf_counter() - began:6.2f} s", flush=True)
+
+    timed("imports", started)
+    with paused_gc():  # as the command runs them
+        began = time.perf_counter()
+        trace_a = load_trace(folder_a)
+        timed("read A", began)
+        began = time.perf_counter()
+        trace_b = load_trace(folder_b)
+        timed("read B", began)
+        began = time.perf_counter()
+        result = align(trace_a, trace_b)
+        timed("align", began)
+        began = time.perf_counter()
+        render_table(result)
+        timed("render", began)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--mb", type=int, default=200, help="size of the trace JSON in MB (default 200)")
@@ -89,6 +116,8 @@ def main() -> None:
     parser.add_argument("--reuse", action="store_true", help="reuse the trace already in --dir")
     parser.add_argument("--only", action="append", choices=["show", "show-json", "align", "align-port"],
                         help="run only this command (repeatable; default: all four)")
+    parser.add_argument("--phases", action="store_true",
+                        help="also time the phases of align-port in this process (imports, reads, align, render)")
     parser.add_argument("--repeats", type=int, default=1,
                         help="runs of each command, interleaved; the medians are printed (default 1)")
     args = parser.parse_args()
@@ -99,6 +128,8 @@ def main() -> None:
         layers = write_trace(folder, args.mb)
         write_trace(port, args.mb, moved=1e-6, layers=layers)
     print(f"load average: {os.getloadavg()[0]:.2f}", flush=True)
+    if args.phases:
+        phases(folder, port)
     commands = {"show": ["show", str(folder)],
                 "show-json": ["show", str(folder), "--format", "json"],
                 "align": ["align", str(folder), str(folder)],
