@@ -1,8 +1,10 @@
-"""Reading a trace folder in tests: the JSON trees, their nodes and tensor entries, and payloads."""
+"""Test helpers: the JSON trees of a trace folder, their nodes, tensor entries and payloads; a disk that fills up."""
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -76,3 +78,20 @@ def payload_fingerprint(path: Path) -> tuple[list[str], list[tuple[str, tuple[in
 def files(folder: Path) -> set[str]:
     """Names of the files in ``folder`` (recursively, relative), hidden temporary files included."""
     return {str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file()}
+
+
+class DiskFillsUp:
+    """``os.replace`` of payload files fails with ENOSPC after ``allowed`` of them (JSON still fits)."""
+
+    def __init__(self, allowed: int, *, json_too: bool = False) -> None:
+        self.allowed, self.json_too, self.real = allowed, json_too, os.replace
+        self.payloads, self.refused = 0, []
+
+    def __call__(self, src: str, dst: str) -> None:
+        is_payload = str(dst).endswith(".safetensors")
+        if is_payload:
+            self.payloads += 1
+        if self.payloads > self.allowed and (is_payload or self.json_too):
+            self.refused.append(Path(dst).name)
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        self.real(src, dst)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import errno
 import os
 from pathlib import Path
 
@@ -10,7 +9,7 @@ import pytest
 import torch
 
 import tracediff
-from tests.capturing.helpers import files, find, metadata, nodes, payload, trace_json
+from tests.capturing.helpers import DiskFillsUp, files, find, metadata, nodes, payload, trace_json
 from tests.models import CatchesInside, FailsInside, SharedLoop, seeded, toy_input
 
 
@@ -54,23 +53,6 @@ def test_error_in_the_with_block_outside_the_model_propagates(tmp_path: Path) ->
         model(toy_input())
         raise KeyError("after the forward")
     assert session.complete and metadata(tmp_path)["complete"] is True
-
-
-class DiskFillsUp:
-    """``os.replace`` of payload files fails with ENOSPC after ``allowed`` of them (JSON still fits)."""
-
-    def __init__(self, allowed: int, *, json_too: bool = False) -> None:
-        self.allowed, self.json_too, self.real = allowed, json_too, os.replace
-        self.payloads, self.refused = 0, []
-
-    def __call__(self, src: str, dst: str) -> None:
-        is_payload = str(dst).endswith(".safetensors")
-        if is_payload:
-            self.payloads += 1
-        if self.payloads > self.allowed and (is_payload or self.json_too):
-            self.refused.append(Path(dst).name)
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        self.real(src, dst)
 
 
 def test_disk_full_names_the_file_keeps_the_partial_trace_and_lets_the_forward_finish(

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 import tracediff
-from tests.capturing.helpers import files, find, metadata, payload, trace_json
+from tests.capturing.helpers import DiskFillsUp, files, find, metadata, payload, trace_json
 from tests.models import SharedLoop, seeded, tiny_llama, toy_input
 from tracediff._io import read_tensor_file, write_tensor_file
 from tracediff.capturing import pipeline as pipeline_module
@@ -158,21 +158,6 @@ def test_the_pool_hands_out_the_smallest_free_buffer_that_fits() -> None:
     pool.release(big)
     pool.release(small)
     assert pool.acquire(2 << 16) is big and pool.acquire(10) is small and pool.allocated == 4 << 16
-
-
-class DiskFillsUp:
-    """``os.replace`` of payload files fails with ENOSPC after ``allowed`` of them."""
-
-    def __init__(self, allowed: int) -> None:
-        self.allowed, self.real, self.payloads, self.refused = allowed, os.replace, 0, []
-
-    def __call__(self, src: str, dst: str) -> None:
-        if str(dst).endswith(".safetensors"):
-            self.payloads += 1
-            if self.payloads > self.allowed:
-                self.refused.append(Path(dst).name)
-                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        self.real(src, dst)
 
 
 def test_a_writer_error_marks_the_trace_incomplete_and_names_the_file(
