@@ -224,26 +224,23 @@ class OpRecorder:
             self.paused -= 1
         inherited = bool(self.frames) and self.frames[-1].recording and bool(self.selection.inside)
         recording = inherited or self.selection.records_inside(path)
-        call = node.get("call_index", 0)
-        prefix = path if not call else f"{path}@{call}"
+        prefix = fmt.call_prefix(path, node.get(fmt.CALL_INDEX, 0))
         self.frames.append(_Frame(node=node, prefix=prefix, recording=recording))
         return (token, len(self.frames))
 
     def exit(self, token: Any, output: Any) -> None:
-        inner_token, depth = token
-        del self.frames[depth - 1:]
-        self.paused += 1
-        try:
-            self.inner.exit(inner_token, output)
-        finally:
-            self.paused -= 1
+        self._leave(token, self.inner.exit, output)
 
     def error(self, token: Any, exc: BaseException) -> None:
+        self._leave(token, self.inner.error, exc)
+
+    def _leave(self, token: Any, forward: Callable[[Any, Any], None], value: Any) -> None:
+        """Close the call's frame (and any left open inside it), then pass the call's end to ``inner``."""
         inner_token, depth = token
         del self.frames[depth - 1:]
         self.paused += 1
         try:
-            self.inner.error(inner_token, exc)
+            forward(inner_token, value)
         finally:
             self.paused -= 1
 
