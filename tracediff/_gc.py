@@ -16,7 +16,10 @@ from contextlib import contextmanager
 
 @contextmanager
 def paused_gc() -> Iterator[None]:
-    """Disable the cyclic collector inside the block, if it was enabled (nesting is fine)."""
+    """Disable the cyclic collector inside the block, if it was enabled (nesting is fine).
+
+    ``@paused_gc()`` also decorates a function: each call runs with the collector paused.
+    """
     enabled = gc.isenabled()
     gc.disable()
     try:

@@ -176,6 +176,7 @@ class TraceView:
         }
 
 
+@paused_gc()  # a view per call and tensor of a trace that may hold hundreds of thousands
 def show_trace(path_or_trace: str | Path | Trace, *, path: str | None = None, depth: int | None = None) -> TraceView:
     """The call tree of one trace, with shapes, dtypes and recorded statistics.
 
@@ -197,11 +198,6 @@ def show_trace(path_or_trace: str | Path | Trace, *, path: str | None = None, de
     """
     if depth is not None and depth < 0:
         raise UsageError(f"depth={depth}: expected 0 or more levels")
-    with paused_gc():  # a view per call and tensor of a trace that may hold hundreds of thousands
-        return _show(path_or_trace, path, depth)
-
-
-def _show(path_or_trace: str | Path | Trace, path: str | None, depth: int | None) -> TraceView:
     trace = path_or_trace if isinstance(path_or_trace, Trace) else load_trace(path_or_trace)
     every = trace.nodes()
     listed = _with_ops(every)  # op nodes (op-level capture) in call order under their module call

@@ -69,6 +69,7 @@ def _as_trace(value: TraceLike) -> Trace:
     return value if isinstance(value, Trace) else load_trace(value)
 
 
+@paused_gc()  # a row per tensor, nodes per call: nothing here is garbage worth scanning for
 def align(
     a: TraceLike,
     b: TraceLike,
@@ -122,14 +123,6 @@ def align(
     """
     if not (isinstance(noise_factor, (int, float)) and noise_factor >= 1):
         raise UsageError(f"noise_factor={noise_factor!r}: expected a number >= 1")
-    with paused_gc():  # a row per tensor, nodes per call: nothing here is garbage worth scanning for
-        return _align(a, b, atol=atol, rtol=rtol, rename=rename, progress=progress, baseline=baseline,
-                      noise_factor=noise_factor, ignore=ignore, match=match, allow_incomplete=allow_incomplete)
-
-
-def _align(a: TraceLike, b: TraceLike, *, atol: Tolerance, rtol: Tolerance, rename: RenameSpec, progress: bool,
-           baseline: TraceLike | None, noise_factor: float, ignore: Iterable[str] | str | None, match: str,
-           allow_incomplete: bool) -> Alignment:
     ignore_rules = check_ignore(ignore)
     trace_a, trace_b = _as_trace(a), _as_trace(b)
     trace_n = _as_trace(baseline) if baseline is not None else None

@@ -37,6 +37,8 @@ class Plan:
     jobs: list[Job] = field(default_factory=list)
     unmatched_a: list[Unmatched] = field(default_factory=list)
     unmatched_b: list[Unmatched] = field(default_factory=list)
+    # (id of A's record, id of B's record) -> (matched_by, layout transform), for the pairs not found by name
+    # alone; a pair missing here was paired by name, as is, which is what a row says by default
     how: dict[tuple[int, int], tuple[str, Transform | None]] = field(default_factory=dict)
     layout_nodes: list[tuple[Node, Node]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
@@ -67,7 +69,7 @@ class Plan:
         out = []
         for row, (_, ra, _, rb) in zip(rows, jobs):
             method, transform = self.how.get((id(ra), id(rb)), (None, None))
-            if method is None or (method == row.matched_by and transform is None and row.transform is None):
+            if method is None:  # paired by name, as is
                 out.append(row)
                 continue
             text = transform.describe(len(ra.shape or ())) if transform is not None else None

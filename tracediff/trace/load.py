@@ -121,6 +121,7 @@ def find_trace_json(path: str | Path) -> Path:
     raise TraceFormatError(f"{p}: no *{fmt.FULL_SUFFIX} or *{fmt.SUMMARY_SUFFIX} found{hint}")
 
 
+@paused_gc()  # reading builds millions of containers, none of them garbage: collections would only rescan them
 def load_trace(path: str | Path) -> Trace:
     """Load the trace at ``path``: a trace folder, or its FULL_TENSORS / SUMMARY JSON file.
 
@@ -128,11 +129,6 @@ def load_trace(path: str | Path) -> Trace:
     truncated, or not a call tree, or when its metadata carries a
     ``format_version`` of a newer major version than this tracediff reads.
     """
-    with paused_gc():
-        return _load_trace(path)
-
-
-def _load_trace(path: str | Path) -> Trace:
     json_path = find_trace_json(path)
     directory = json_path.parent
     # confined to the folder given (or the JSON file's folder), bounded, regular files only
