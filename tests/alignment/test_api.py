@@ -181,3 +181,36 @@ def test_the_fast_row_builder_builds_the_same_frozen_row_as_the_class() -> None:
         built.status = "close"  # type: ignore[misc]
     with pytest.raises(TypeError):
         build_row(order=1)  # a field without a default is still required
+
+
+def test_a_row_from_fields_puts_every_value_in_its_own_field() -> None:
+    """``row_from_fields`` passes arguments by position: each field must get its own value, none swapped."""
+    from tracediff.alignment.compare import verdict_fields
+    from tracediff.alignment.result import row_from_fields
+
+    metrics = {key: f"metric {key}" for key in verdict_fields("no_data", None, "")}  # every key a comparison fills
+    who = dict(order=3, module_path_a="A.x", module_path_b="B.x", call_index=1, call_index_b=2, tensor="outputs",
+               tensor_a="outputs.0", shape_a=(2, 3), shape_b=(3, 2), dtype_a="torch.float32",
+               dtype_b="torch.bfloat16", atol=1e-5, rtol=1e-3, module_type="Linear")
+    row = row_from_fields(*who.values(), metrics)
+    assert row == TensorComparison(**who, **metrics)
+    assert row.matched_by == "name" and row.origin is None  # the rest keep their defaults
+
+
+def test_a_trace_named_twice_is_read_once(traces: TraceStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tracediff.alignment import engine
+
+    read: list[str] = []
+    real = engine.load_trace
+
+    def counting(path: str | Path) -> tracediff.Trace:
+        read.append(str(path))
+        return real(path)
+
+    monkeypatch.setattr(engine, "load_trace", counting)
+    ref = traces("ref")
+    same = tracediff.align(ref, Path(ref) / ".." / Path(ref).name, baseline=ref)  # one folder, spelled two ways
+    assert same.passed and len(read) == 1
+    read.clear()
+    other = tracediff.align(ref, traces("renamed"), rename=RENAME_RULES)
+    assert other.passed and len(read) == 2

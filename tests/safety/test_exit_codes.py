@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -68,3 +69,63 @@ def test_help_and_debug_flag_do_not_import_torch() -> None:
     code = ("import sys; from tracediff.cli.main import build_parser; build_parser().format_help(); "
             "assert 'torch' not in sys.modules, 'torch imported'")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# --- leaving without the interpreter's teardown --------------------------------------------------------------
+
+
+class _Left(Exception):
+    def __init__(self, how: str, code: int) -> None:
+        super().__init__(how, code)
+        self.how, self.code = how, code
+
+
+def _watch_exits(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tracediff.cli import main as cli_main
+
+    def fast(code: int) -> None:
+        raise _Left("os._exit", code)
+
+    def usual(code: int) -> None:
+        raise _Left("sys.exit", code)
+
+    monkeypatch.setattr(cli_main.os, "_exit", fast)
+    monkeypatch.setattr(cli_main.sys, "exit", usual)
+
+
+def test_the_command_line_ends_at_once_when_nothing_else_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tracediff.cli.main import _leave
+
+    _watch_exits(monkeypatch)
+    with pytest.raises(_Left) as left:
+        _leave(1)
+    assert (left.value.how, left.value.code) == ("os._exit", 1)
+
+
+def test_the_command_line_exits_the_usual_way_while_a_thread_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    from tracediff.cli.main import _leave
+
+    _watch_exits(monkeypatch)
+    release = threading.Event()
+    worker = threading.Thread(target=release.wait)
+    worker.start()
+    try:
+        with pytest.raises(_Left) as left:
+            _leave(0)
+    finally:
+        release.set()
+        worker.join()
+    assert (left.value.how, left.value.code) == ("sys.exit", 0)
+
+
+def test_output_to_a_pipe_is_whole_when_the_process_ends(small_trace: Path) -> None:
+    """stdout to a pipe is block-buffered: a short report sits in the buffer until it is flushed, which must
+    happen before the process ends without its teardown."""
+    buffered = {name: value for name, value in os.environ.items() if name != "PYTHONUNBUFFERED"}
+    done = subprocess.run([sys.executable, "-m", "tracediff", "show", str(small_trace), "--depth", "0"],
+                          capture_output=True, text=True, check=False, env=buffered)
+    assert done.returncode == 0 and done.stderr == ""
+    assert done.stdout.startswith("Small: tracediff trace at ") and done.stdout.endswith("\n")
+    assert len(done.stdout) < 8192  # shorter than the buffer: nothing was written before the flush

@@ -52,7 +52,7 @@ from .noise import DEFAULT_NOISE_FACTOR
 from .ops import annotate_op_rows, pair_ops
 from .pairing import plan_pairs
 from .rename_map import RenameSpec, rename_rules
-from .result import Alignment, TensorComparison, build_row, fill
+from .result import Alignment, TensorComparison, fill, row_from_fields
 from .slots import slot_rules
 from .sources import role
 from .tolerance import Tolerance, TolerancePolicy
@@ -65,8 +65,23 @@ _ELEMENT_BYTES = {"float64": 8, "int64": 8, "complex64": 8, "float32": 4, "int32
                   "bfloat16": 2, "int16": 2}
 
 
-def _as_trace(value: TraceLike) -> Trace:
-    return value if isinstance(value, Trace) else load_trace(value)
+def _load_sides(a: TraceLike, b: TraceLike, baseline: TraceLike | None) -> tuple[Trace, Trace, Trace | None]:
+    """The traces of an alignment. A folder or file named twice (``align T T``, a baseline that is A) is read
+    once: the alignment only reads a trace, never changes it."""
+    loaded: dict[Path, Trace] = {}
+
+    def get(value: TraceLike) -> Trace:
+        if isinstance(value, Trace):
+            return value
+        try:
+            key = Path(value).resolve()
+        except (OSError, ValueError, RuntimeError):  # a NUL byte, a symlink loop: load_trace says what is wrong
+            return load_trace(value)
+        if key not in loaded:
+            loaded[key] = load_trace(value)
+        return loaded[key]
+
+    return get(a), get(b), (get(baseline) if baseline is not None else None)
 
 
 @paused_gc()  # a row per tensor, nodes per call: nothing here is garbage worth scanning for
@@ -124,8 +139,7 @@ def align(
     if not (isinstance(noise_factor, (int, float)) and noise_factor >= 1):
         raise UsageError(f"noise_factor={noise_factor!r}: expected a number >= 1")
     ignore_rules = check_ignore(ignore)
-    trace_a, trace_b = _as_trace(a), _as_trace(b)
-    trace_n = _as_trace(baseline) if baseline is not None else None
+    trace_a, trace_b, trace_n = _load_sides(a, b, baseline)
     rules = rename_rules(rename)
     policy = TolerancePolicy(atol=atol, rtol=rtol)
     plan = plan_pairs(trace_a, trace_b, rules, match=match, slots=slot_rules(rename))  # calls, tensors, layouts
@@ -166,7 +180,8 @@ def align(
                          ignore=ignore_rules, run=run)
     del rows
 
-    warnings = policy.unused_pattern_warnings(n.relative_path for t in (trace_b, trace_a) for n in t.nodes())
+    warnings = policy.unused_pattern_warnings(n.relative_path for nodes in (matching.nodes_b, matching.nodes_a)
+                                              for n in nodes)
     if matching.structural and match != "structure":
         warnings.insert(0, "module paths did not line up; nodes were matched by structure "
                            "(shapes and call order). Check the suggested rename map.")
@@ -226,12 +241,9 @@ def _in_chunks(pool: ThreadPoolExecutor, fn: Callable[[Any], Any], items: list[A
 
 def _row(order: int, node_a: Node, ra: TensorRecord, node_b: Node, rb: TensorRecord,
          atol: float, rtol: float, fields: dict[str, Any]) -> TensorComparison:
-    return build_row(
-        order=order, module_path_a=node_a.module_path, module_path_b=node_b.module_path,
-        call_index=node_a.call_index, call_index_b=node_b.call_index, tensor=rb.slot, tensor_a=ra.slot,
-        shape_a=ra.shape, shape_b=rb.shape, dtype_a=ra.dtype, dtype_b=rb.dtype, atol=atol, rtol=rtol,
-        module_type=node_b.module_type or node_a.module_type, **fields,
-    )
+    return row_from_fields(order, node_a.module_path, node_b.module_path, node_a.call_index, node_b.call_index,
+                           rb.slot, ra.slot, ra.shape, rb.shape, ra.dtype, rb.dtype, atol, rtol,
+                           node_b.module_type or node_a.module_type, fields)
 
 
 def _with_origins(rows: list[TensorComparison]) -> list[TensorComparison]:

@@ -58,6 +58,9 @@ class Matching:
     methods: tuple[str, ...] = ()  # per pair: "name", "map" or "structure"
     gaps_a: dict[str, tuple[str, ...]] = field(default_factory=dict)  # see unrecorded.find_unrecorded
     gaps_b: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # every call of each trace (``Trace.nodes()``), listed once for all the steps of an alignment
+    nodes_a: list[Node] = field(default_factory=list, repr=False, compare=False)
+    nodes_b: list[Node] = field(default_factory=list, repr=False, compare=False)
 
     def count(self, method: str) -> int:
         return sum(m == method for m in self.methods)
@@ -104,7 +107,7 @@ def match_nodes(a: Trace, b: Trace, rename: RenameRules, match: str = "auto") ->
     if match not in MATCH_MODES:
         raise UsageError(f"match: {match!r} is not one of {', '.join(MATCH_MODES)}")
     nodes_a, nodes_b = a.nodes(), b.nodes()
-    gaps_a, gaps_b = find_unrecorded(a.roots), find_unrecorded(b.roots)
+    gaps_a, gaps_b = find_unrecorded(nodes_a), find_unrecorded(nodes_b)
     pairs: list[tuple[Node, Node]] = []
     methods: list[str] = []
     if match == "structure":
@@ -153,7 +156,7 @@ def match_nodes(a: Trace, b: Trace, rename: RenameRules, match: str = "auto") ->
         unmatched_b=tuple(n for n in nodes_b if id(n) not in paired_b and not explained_b(n)),
         structural=structural,
         methods=tuple(methods[i] for i in order),
-        gaps_a=gaps_a, gaps_b=gaps_b,
+        gaps_a=gaps_a, gaps_b=gaps_b, nodes_a=nodes_a, nodes_b=nodes_b,
     )
 
 

@@ -107,7 +107,7 @@ def plan_pairs(trace_a: Trace, trace_b: Trace, rules: RenameRules, *, match: str
     left_b = [n for n in matching.unmatched_b if id(n) in unpaired_b and n.tensors]
     plan.unmatched_a = [Unmatched(n.module_path, n.call_index) for n in left_a] + plan.unmatched_a
     plan.unmatched_b = [Unmatched(n.module_path, n.call_index) for n in left_b] + plan.unmatched_b
-    plan.warnings = _coverage_warnings(matching, trace_b, match)
+    plan.warnings = _coverage_warnings(matching, match)
     if any(m == "structure" for m in matching.methods) or plan.layout_nodes:
         plan.suggested = suggest_rules(matching.pairs)
     return plan
@@ -137,8 +137,8 @@ def _relaid_leftovers(trace_a: Trace, only_a: list[TensorRecord], trace_b: Trace
     return found
 
 
-def _coverage_warnings(matching: Matching, trace_b: Trace, match: str) -> list[str]:
-    forward_b = [n for n in trace_b.nodes() if n.phase == "forward"]
+def _coverage_warnings(matching: Matching, match: str) -> list[str]:
+    forward_b = [n for n in matching.nodes_b if n.phase == "forward"]
     by_names = sum(1 for (_, y), m in zip(matching.pairs, matching.methods)
                    if m in ("name", "map") and y.phase == "forward")
     by_structure = matching.count("structure")

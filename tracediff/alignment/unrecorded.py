@@ -24,25 +24,27 @@ from .result import TensorComparison
 _NUMBERED = re.compile(r"^(.*)\.(\d+)$")
 
 
-def find_unrecorded(roots: Iterable[Node]) -> dict[str, tuple[str, ...]]:
+def find_unrecorded(nodes: Iterable[Node]) -> dict[str, tuple[str, ...]]:
     """For each recorded block right after a gap, the full paths of the blocks missing before it.
 
-    Keyed by the full module path of the block after the gap (``LlamaModel.layers.3``):
+    ``nodes``: every call of a trace (``Trace.nodes()``). Keyed by the full
+    module path of the block after the gap (``LlamaModel.layers.3``):
     ``("LlamaModel.layers.1", "LlamaModel.layers.2")``.
     """
     gaps: dict[str, tuple[str, ...]] = {}
-    for root in roots:
-        for node in root.walk():
-            groups: defaultdict[str, set[int]] = defaultdict(set)
-            for child in node.children:
-                match = _NUMBERED.match(child.module_path)
-                if match:
-                    groups[match.group(1)].add(int(match.group(2)))
-            for prefix, numbers in groups.items():
-                ordered = sorted(numbers)
-                for before, after in zip(ordered, ordered[1:]):
-                    if after > before + 1:
-                        gaps[f"{prefix}.{after}"] = tuple(f"{prefix}.{n}" for n in range(before + 1, after))
+    for node in nodes:
+        if len(node.children) < 2:  # a gap lies between two numbered siblings
+            continue
+        groups: defaultdict[str, set[int]] = defaultdict(set)
+        for child in node.children:
+            match = _NUMBERED.match(child.module_path)
+            if match:
+                groups[match.group(1)].add(int(match.group(2)))
+        for prefix, numbers in groups.items():
+            ordered = sorted(numbers)
+            for before, after in zip(ordered, ordered[1:]):
+                if after > before + 1:
+                    gaps[f"{prefix}.{after}"] = tuple(f"{prefix}.{n}" for n in range(before + 1, after))
     return gaps
 
 

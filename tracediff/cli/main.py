@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import threading
 import traceback
 from collections.abc import Sequence
 from typing import NoReturn
@@ -99,4 +100,23 @@ def _innermost_frame(error: BaseException) -> str:
 
 
 def entry_point() -> None:
-    sys.exit(main())
+    _leave(main())
+
+
+def _leave(code: int) -> NoReturn:
+    """Exit with ``code``, skipping the interpreter's teardown when nothing else is running.
+
+    At exit Python frees every object one by one: about 2.4 s for a 200 MB
+    trace, for memory the operating system takes back at once. So output is
+    flushed and the process ends with ``os._exit``. When another thread is
+    still running, or a flush fails (a closed pipe), Python exits the usual
+    way, which waits for the thread or reports the failure as it always did.
+    """
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        sys.exit(code)
+    if threading.active_count() > 1:
+        sys.exit(code)
+    os._exit(code)
