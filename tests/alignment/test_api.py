@@ -214,3 +214,15 @@ def test_a_trace_named_twice_is_read_once(traces: TraceStore, monkeypatch: pytes
     read.clear()
     other = tracediff.align(ref, traces("renamed"), rename=RENAME_RULES)
     assert other.passed and len(read) == 2
+
+
+def test_a_field_setter_sets_one_field_of_a_row_being_built() -> None:
+    from tracediff.alignment.compare import verdict_fields
+    from tracediff.alignment.result import row_from_fields, setter
+
+    row = row_from_fields(0, "A.x", "B.x", 0, 0, "outputs", "outputs", (2,), (2,), "torch.float32",
+                          "torch.float32", 1e-5, 1e-3, None, verdict_fields("no_data", None, ""))
+    setter("growth")(row, 2.5)
+    assert row.growth == 2.5 and row.origin is None
+    with pytest.raises(AttributeError, match="diverged"):
+        setter("diverged")  # a property, not a field

@@ -35,7 +35,6 @@ from __future__ import annotations
 import math
 import os
 import sys
-from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -50,9 +49,9 @@ from .arguments import diff_arguments
 from .compare import compare_records
 from .noise import DEFAULT_NOISE_FACTOR
 from .ops import annotate_op_rows, pair_ops
-from .pairing import plan_pairs
+from .pairing import Job, plan_pairs
 from .rename_map import RenameSpec, rename_rules
-from .result import Alignment, TensorComparison, fill, row_from_fields
+from .result import Alignment, TensorComparison, row_from_fields, setter
 from .slots import slot_rules
 from .sources import role
 from .tolerance import Tolerance, TolerancePolicy
@@ -60,6 +59,7 @@ from .unrecorded import carry_origin, mark_unrecorded_origin
 from .verdicts import check_ignore, judge
 
 TraceLike = str | Path | Trace
+_set_input_err, _set_amplification, _set_origin = setter("input_err"), setter("amplification"), setter("origin")
 
 _ELEMENT_BYTES = {"float64": 8, "int64": 8, "complex64": 8, "float32": 4, "int32": 4, "float16": 2,
                   "bfloat16": 2, "int16": 2}
@@ -174,7 +174,7 @@ def align(
     rows = annotate_op_rows(rows, jobs, op_pairing)
     del results  # the rows hold what they need: one copy of each row at a time from here
     rows = plan.annotate(rows, jobs)
-    rows = _with_origins(rows)
+    rows = _with_origins(rows, jobs)
     with _workers(len(jobs) if trace_n is not None else 0) as run:
         verdicts = judge(rows, jobs, trace_a, baseline=trace_n, noise_factor=float(noise_factor),
                          ignore=ignore_rules, run=run)
@@ -246,28 +246,37 @@ def _row(order: int, node_a: Node, ra: TensorRecord, node_b: Node, rb: TensorRec
                            node_b.module_type or node_a.module_type, fields)
 
 
-def _with_origins(rows: list[TensorComparison]) -> list[TensorComparison]:
-    """Fill input_err, amplification and origin from the rows of what flowed into each call."""
+def _with_origins(rows: list[TensorComparison], jobs: list[Job]) -> list[TensorComparison]:
+    """Fill input_err, amplification and origin from the rows of what flowed into each call.
+
+    ``jobs[i]`` is the pair row ``i`` compared: its call in B is the call the row belongs to.
+    """
     roles = [role(row.tensor) for row in rows]
-    incoming: defaultdict[tuple[str, int, str, int | None], list[TensorComparison]] = defaultdict(list)
-    for row, (phase, side) in zip(rows, roles):
+    # (call in B, pass) -> [largest error among its input rows (None: none measured), did one diverge]
+    inputs: dict[tuple[int, str], list[Any]] = {}
+    for row, (phase, side), job in zip(rows, roles, jobs):
         if side == "in":
-            incoming[(row.module_path_b, row.call_index_b, phase, row.op_index)].append(row)
+            seen = inputs.setdefault((id(job[2]), phase), [None, False])
+            err = row.max_abs_err
+            if err == err and (seen[0] is None or err > seen[0]):  # NaN (not measured) is left out
+                seen[0] = err
+            if row.within_tolerance is False:
+                seen[1] = True
     earlier_divergence = False
-    for row, (phase, side) in zip(rows, roles):
-        ins = incoming.get((row.module_path_b, row.call_index_b, phase, row.op_index), ())
-        errs = [r.max_abs_err for r in ins if not math.isnan(r.max_abs_err)]
-        input_err = max(errs) if errs else None
+    for row, (phase, side), job in zip(rows, roles, jobs):
+        found = inputs.get((id(job[2]), phase))
+        input_err = found[0] if found is not None else None
         amplification = None
-        if side == "out" and input_err is not None and not math.isnan(row.max_abs_err):
+        error = row.max_abs_err
+        if side == "out" and input_err is not None and error == error:
             if input_err > 0:
-                amplification = row.max_abs_err / input_err
-            elif row.max_abs_err > 0:
+                amplification = error / input_err
+            elif error > 0:
                 amplification = math.inf
         origin = None
-        if row.diverged:
-            if side == "out" and (ins or row.op is None):
-                origin = "inherited" if any(r.diverged for r in ins) else "introduced"
+        if row.within_tolerance is False:  # row.diverged
+            if side == "out" and (found is not None or row.op is None):
+                origin = "inherited" if found is not None and found[1] else "introduced"
             elif side == "out":  # an op paired by value: its inputs were not compared, earlier rows tell
                 origin = "inherited" if earlier_divergence else "introduced"
             elif "." not in row.module_path_b and phase == "forward" and row.op is None:
@@ -275,8 +284,11 @@ def _with_origins(rows: list[TensorComparison]) -> list[TensorComparison]:
             else:  # nothing recorded before it diverged: the caller's own code between module calls did it
                 origin = "inherited" if earlier_divergence else "between modules"
             earlier_divergence = True
-        if input_err is not None or origin is not None:
-            fill(row, input_err=input_err, amplification=amplification, origin=origin)
+        if input_err is not None:
+            _set_input_err(row, input_err)
+            _set_amplification(row, amplification)
+        if origin is not None:
+            _set_origin(row, origin)
     return rows
 
 

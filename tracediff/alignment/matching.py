@@ -106,8 +106,10 @@ def match_nodes(a: Trace, b: Trace, rename: RenameRules, match: str = "auto") ->
     """Pair the calls of ``a`` and ``b`` (see the module docstring for ``match``)."""
     if match not in MATCH_MODES:
         raise UsageError(f"match: {match!r} is not one of {', '.join(MATCH_MODES)}")
-    nodes_a, nodes_b = a.nodes(), b.nodes()
-    gaps_a, gaps_b = find_unrecorded(nodes_a), find_unrecorded(nodes_b)
+    nodes_a = a.nodes()
+    nodes_b = nodes_a if b is a else b.nodes()  # a trace against itself: one walk
+    gaps_a = find_unrecorded(nodes_a)
+    gaps_b = gaps_a if b is a else find_unrecorded(nodes_b)
     pairs: list[tuple[Node, Node]] = []
     methods: list[str] = []
     if match == "structure":
@@ -115,9 +117,9 @@ def match_nodes(a: Trace, b: Trace, rename: RenameRules, match: str = "auto") ->
         pairs += roots
         methods += ["name"] * len(roots)
     else:
-        by_key = {node.key: node for node in nodes_b}
+        by_key = {(node.phase, node.relative_path, node.call_index): node for node in nodes_b}  # Node.key
         for node in nodes_a:
-            renamed = apply_rename(node.relative_path, rename)
+            renamed = apply_rename(node.relative_path, rename) if rename else node.relative_path
             other = by_key.pop((node.phase, renamed, node.call_index), None)
             if other is not None:
                 pairs.append((node, other))
@@ -137,7 +139,7 @@ def match_nodes(a: Trace, b: Trace, rename: RenameRules, match: str = "auto") ->
         paired_a, paired_b = {id(x) for x, _ in pairs}, {id(y) for _, y in pairs}
         rest_a = [n for n in nodes_a if id(n) not in paired_a and n.phase == "forward" and not explained_a(n)]
         rest_b = [n for n in nodes_b if id(n) not in paired_b and n.phase == "forward" and not explained_b(n)]
-        for _ in range(8):  # each round may pair parents, which scopes their children for the next
+        for _ in range(8) if rest_a and rest_b else ():  # each round may pair parents, which scopes their children
             found = _scoped_structural_pairs(rest_a, rest_b, pairs)
             if not found:
                 break
@@ -146,10 +148,12 @@ def match_nodes(a: Trace, b: Trace, rename: RenameRules, match: str = "auto") ->
             done_a, done_b = {id(x) for x, _ in found}, {id(y) for _, y in found}
             rest_a = [n for n in rest_a if id(n) not in done_a]
             rest_b = [n for n in rest_b if id(n) not in done_b]
-        pairs, methods = _with_backward(pairs, methods, nodes_a, nodes_b)
+        if a.backward and b.backward:
+            pairs, methods = _with_backward(pairs, methods, nodes_a, nodes_b)
     structural = match == "structure" or (named == 0 and any(m == "structure" for m in methods))
     paired_a, paired_b = {id(x) for x, _ in pairs}, {id(y) for _, y in pairs}
-    order = sorted(range(len(pairs)), key=lambda i: (pairs[i][1].phase != "forward", pairs[i][1].enter_order))
+    in_b = [(y.phase != "forward", y.enter_order) for _, y in pairs]  # forward calls first, in B's call order
+    order = sorted(range(len(pairs)), key=in_b.__getitem__)
     return Matching(
         pairs=tuple(pairs[i] for i in order),
         unmatched_a=tuple(n for n in nodes_a if id(n) not in paired_a and not explained_a(n)),

@@ -43,6 +43,7 @@ growth                 this row's error beyond noise over what flowed into
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
@@ -385,3 +386,15 @@ def fill(row: TensorComparison, **changes: Any) -> TensorComparison:
     for name, value in changes.items():
         object.__setattr__(row, name, value)
     return row
+
+
+def setter(name: str) -> Callable[[TensorComparison, Any], None]:
+    """``fill`` for one field, as a plain function ``(row, value)``: for loops over every row of an alignment
+    (the slot's own descriptor, with no keyword arguments to bind and no attribute lookup per call)."""
+    if name not in _FIELD_NAMES:
+        raise AttributeError(f"TensorComparison has no field {name!r}")
+    set_slot: Callable[[TensorComparison, Any], None] = getattr(TensorComparison, name).__set__
+    return set_slot
+
+
+_FIELD_NAMES = frozenset(f.name for f in fields(TensorComparison))

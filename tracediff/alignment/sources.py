@@ -31,9 +31,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from functools import lru_cache
 
 from ..trace.model import Node, TensorRecord
-from .result import TensorComparison, fill
+from .result import TensorComparison, fill, setter
+
+_set_growth, _set_origin = setter("growth"), setter("origin")
 
 
 def scale_of(record: TensorRecord) -> float | None:
@@ -68,6 +71,7 @@ _ROLES = {"inputs": ("forward", "in"), "outputs": ("forward", "out"),
           "grad_outputs": ("backward", "in"), "grad_inputs": ("backward", "out")}
 
 
+@lru_cache(maxsize=4096)  # called for every row, twice; a trace has few distinct slots
 def role(slot: str) -> tuple[str, str]:
     """(pass, side) of a slot: what flows into a call and what comes out, forward or backward."""
     return _ROLES.get(slot.partition(".")[0], ("forward", "out"))
@@ -101,7 +105,9 @@ def find_sources(rows: Sequence[TensorComparison], nodes_b: Sequence[Node], scal
                 reason = _join(reason, _between_note(node))
             fill(row, growth=growth, origin=origin, reason=reason)
         else:
-            fill(row, growth=growth, origin=None)
+            _set_growth(row, growth)
+            if row.origin is not None:
+                _set_origin(row, None)
         out.append(row)
         flags.append(is_source)
         if value is not None:

@@ -37,7 +37,7 @@ def find_unrecorded(nodes: Iterable[Node]) -> dict[str, tuple[str, ...]]:
             continue
         groups: defaultdict[str, set[int]] = defaultdict(set)
         for child in node.children:
-            match = _NUMBERED.match(child.module_path)
+            match = _NUMBERED.match(child.module_path) if child.module_path[-1:].isdigit() else None
             if match:
                 groups[match.group(1)].add(int(match.group(2)))
         for prefix, numbers in groups.items():
