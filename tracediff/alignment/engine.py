@@ -103,7 +103,8 @@ def align(
 
     Args:
         a: the reference: a trace folder, its JSON file, or a loaded ``Trace``.
-        b: the trace to check, in the same forms.
+        b: the trace to check, in the same forms. A folder or file named twice among ``a``, ``b`` and
+            ``baseline`` is read once.
         atol: absolute tolerance: a number, or ``{"*": 1e-5, "layers.*.mlp": 1e-4}``
             per module-path pattern. Default: torch.testing's for the pair's dtype.
         rtol: relative tolerance, in the same forms.
@@ -169,7 +170,9 @@ def align(
     with _workers(sum(1 for _, ra, _, rb in jobs if ra.has_payload and rb.has_payload)) as run:
         results = run(compare, range(len(jobs)))
     tick(None)
-    rows = [_row(order, na, ra, nb, rb, *tolerances[order], fields)
+    rows = [row_from_fields(order, na.module_path, nb.module_path, na.call_index, nb.call_index, rb.slot, ra.slot,
+                            ra.shape, rb.shape, ra.dtype, rb.dtype, *tolerances[order],
+                            nb.module_type or na.module_type, fields)
             for order, ((na, ra, nb, rb), fields) in enumerate(zip(jobs, results))]
     rows = annotate_op_rows(rows, jobs, op_pairing)
     del results  # the rows hold what they need: one copy of each row at a time from here
@@ -237,13 +240,6 @@ def _in_chunks(pool: ThreadPoolExecutor, fn: Callable[[Any], Any], items: list[A
     size = max(1, min(64, len(items) // (cores * 8)))
     runs = pool.map(lambda run: [fn(item) for item in run], [items[i:i + size] for i in range(0, len(items), size)])
     return [result for run in runs for result in run]
-
-
-def _row(order: int, node_a: Node, ra: TensorRecord, node_b: Node, rb: TensorRecord,
-         atol: float, rtol: float, fields: dict[str, Any]) -> TensorComparison:
-    return row_from_fields(order, node_a.module_path, node_b.module_path, node_a.call_index, node_b.call_index,
-                           rb.slot, ra.slot, ra.shape, rb.shape, ra.dtype, rb.dtype, atol, rtol,
-                           node_b.module_type or node_a.module_type, fields)
 
 
 def _with_origins(rows: list[TensorComparison], jobs: list[Job]) -> list[TensorComparison]:
