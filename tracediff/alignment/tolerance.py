@@ -52,7 +52,6 @@ Tolerance = float | Mapping[str, float] | None
 
 
 @lru_cache(maxsize=256)  # called once per compared pair, with a handful of distinct dtypes
-@lru_cache(maxsize=256)  # asked for every tensor pair; a trace holds a handful of dtypes
 def default_tolerance(dtype_a: str | None, dtype_b: str | None) -> tuple[float, float]:
     """``(rtol, atol)`` for a pair: the looser of the two dtypes' torch.testing defaults."""
     pairs = [_DEFAULTS.get(d or "", (0.0, 0.0)) for d in (dtype_a, dtype_b)]

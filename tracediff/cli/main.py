@@ -106,9 +106,9 @@ def entry_point() -> None:
 def _leave(code: int) -> NoReturn:
     """Exit with ``code``, skipping the interpreter's teardown when nothing else is running.
 
-    At exit Python frees every object one by one: about 2.4 s for a 200 MB
-    trace, for memory the operating system takes back at once. So output is
-    flushed and the process ends with ``os._exit``. When another thread is
+    At exit Python frees every object one by one: seconds for the two traces
+    and the rows of a large alignment, for memory the operating system takes
+    back at once. So output is flushed and the process ends with ``os._exit``. When another thread is
     still running, or a flush fails (a closed pipe), Python exits the usual
     way, which waits for the thread or reports the failure as it always did.
     """
