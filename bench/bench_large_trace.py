@@ -109,6 +109,32 @@ def phases(folder_a: Path, folder_b: Path) -> None:
         timed("render", began)
 
 
+def floor(folders: list[Path]) -> None:
+    """What any reader in Python pays: ``json.loads`` of each trace JSON, and one walk touching every tensor."""
+    import gc
+
+    gc.disable()  # as the command runs
+    total = 0.0
+    for folder in folders:
+        began = time.perf_counter()
+        tree = json.loads((folder / "Big_debug_tree_FULL_TENSORS.json").read_bytes())
+        parsed = time.perf_counter()
+        means, stack = [], [tree]
+        while stack:
+            node = stack.pop()
+            for entry in (*node["inputs"].get("args", ()), node.get("outputs")):
+                if isinstance(entry, dict) and "stats" in entry:
+                    means.append((node["module_path"], entry["stats"]["mean"]))
+            stack.extend(node.get("children", ()))
+        walked = time.perf_counter()
+        total += walked - began
+        print(f"floor {folder.name:14s} json.loads {parsed - began:5.2f} s, walk {walked - parsed:5.2f} s "
+              f"({len(means)} tensors)", flush=True)
+        del tree, means
+    print(f"floor in all         {total:6.2f} s", flush=True)
+    gc.enable()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--mb", type=int, default=200, help="size of the trace JSON in MB (default 200)")
@@ -118,6 +144,8 @@ def main() -> None:
                         help="run only this command (repeatable; default: all four)")
     parser.add_argument("--phases", action="store_true",
                         help="also time the phases of align-port in this process (imports, reads, align, render)")
+    parser.add_argument("--floor", action="store_true",
+                        help="also time json.loads of both traces and one walk over their tensors (no tracediff)")
     parser.add_argument("--repeats", type=int, default=1,
                         help="runs of each command, interleaved; the medians are printed (default 1)")
     args = parser.parse_args()
@@ -128,6 +156,8 @@ def main() -> None:
         layers = write_trace(folder, args.mb)
         write_trace(port, args.mb, moved=1e-6, layers=layers)
     print(f"load average: {os.getloadavg()[0]:.2f}", flush=True)
+    if args.floor:
+        floor([folder, port])
     if args.phases:
         phases(folder, port)
     commands = {"show": ["show", str(folder)],

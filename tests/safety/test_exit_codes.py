@@ -130,3 +130,23 @@ def test_output_to_a_pipe_is_whole_when_the_process_ends(small_trace: Path) -> N
     assert done.returncode == 0 and done.stderr == ""
     assert done.stdout.startswith("Small: tracediff trace at ") and done.stdout.endswith("\n")
     assert len(done.stdout) < 8192  # shorter than the buffer: nothing was written before the flush
+
+
+def test_only_commands_that_run_no_code_of_the_users_skip_the_teardown(
+        monkeypatch: pytest.MonkeyPatch, small_trace: Path, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """An ``atexit`` handler of the user's model (capture, replay) must still run: those exit the usual way."""
+    from tracediff.cli import main as cli_main
+
+    commands = next(a for a in build_parser()._actions if a.dest == "command").choices  # type: ignore[union-attr]
+    assert {name for name, p in commands.items() if p.get_default("skip_teardown")} == \
+        {"show", "align", "steps", "plot"}
+    _watch_exits(monkeypatch)
+    monkeypatch.setattr(cli_main.threading, "active_count", lambda: 1)
+    for argv, how, code in ((["show", str(small_trace), "--depth", "0"], "os._exit", 0),
+                            (["replay", str(tmp_path / "missing"), "model.py:build"], "sys.exit", 2)):
+        monkeypatch.setattr(sys, "argv", ["tracediff", *argv])
+        with pytest.raises(_Left) as left:
+            cli_main.entry_point()
+        assert (left.value.how, left.value.code) == (how, code), argv
+    capsys.readouterr()

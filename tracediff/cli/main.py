@@ -63,11 +63,20 @@ def _one_line(text: str) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line with ``argv`` (default ``sys.argv[1:]``) and return the exit code."""
+    return _run(argv)[0]
+
+
+def _run(argv: Sequence[str] | None) -> tuple[int, argparse.Namespace | None]:
+    """The exit code, and the parsed arguments (None when there was no command to run)."""
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "run", None):
         parser.print_help(sys.stderr)
-        return EXIT_BAD_INPUT
+        return EXIT_BAD_INPUT, None
+    return _run_command(args), args
+
+
+def _run_command(args: argparse.Namespace) -> int:
     try:
         code = int(args.run(args))
         return code if code in (EXIT_OK, EXIT_DIVERGED, EXIT_BAD_INPUT) else EXIT_INTERNAL
@@ -100,7 +109,10 @@ def _innermost_frame(error: BaseException) -> str:
 
 
 def entry_point() -> None:
-    _leave(main())
+    code, args = _run(None)
+    if args is None or not getattr(args, "skip_teardown", False):
+        sys.exit(code)
+    _leave(code)
 
 
 def _leave(code: int) -> NoReturn:
@@ -108,9 +120,12 @@ def _leave(code: int) -> NoReturn:
 
     At exit Python frees every object one by one: seconds for the two traces
     and the rows of a large alignment, for memory the operating system takes
-    back at once. So output is flushed and the process ends with ``os._exit``. When another thread is
-    still running, or a flush fails (a closed pipe), Python exits the usual
-    way, which waits for the thread or reports the failure as it always did.
+    back at once. So output is flushed and the process ends with ``os._exit``.
+    Only commands that run none of the user's code do this (``show``,
+    ``align``, ``steps``, ``plot``), so no ``atexit`` handler of a user's
+    module is skipped. When another thread is still running, or a flush fails
+    (a closed pipe), Python exits the usual way, which waits for the thread
+    or reports the failure as it always did.
     """
     try:
         sys.stdout.flush()
