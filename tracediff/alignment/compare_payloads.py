@@ -11,10 +11,11 @@ import torch
 from ..errors import TracediffError
 from ..trace.load import Trace
 from ..trace.model import TensorRecord
-from .benign import exact_mismatches, is_exact_dtype, prepare_pair, squeezable
+from .benign import exact_mismatches, is_exact_dtype, prepare_pair
 from .compare import dtype_note, metric_fields, verdict_fields
 from .metrics import PairMetrics, compare_tensors
 from .raw_payload import identical_pair
+from .shapes import squeezable
 
 
 def compare_payloads(

@@ -270,7 +270,7 @@ def _refines(x: tuple[int, ...], y: tuple[int, ...]) -> bool:
 def compare_transformed(trace_a: Trace, ra: TensorRecord, trace_b: Trace, rb: TensorRecord, transform: Transform,
                         *, atol: float, rtol: float) -> dict[str, Any]:
     """The metric fields of a row whose pair is related by ``transform`` (payloads needed on both sides)."""
-    from .compare import metric_fields, verdict_fields
+    from .compare import dtype_note, metric_fields, verdict_fields
     from .metrics import compare_tensors
 
     if not (ra.has_payload and rb.has_payload):
@@ -288,5 +288,4 @@ def compare_transformed(trace_a: Trace, ra: TensorRecord, trace_b: Trace, rb: Te
         return verdict_fields("shape_mismatch", False, f"shape differs after the transform: {list(a.shape)} vs "
                                                  f"{list(b.shape)}")
     metrics = compare_tensors(a.contiguous(), b.contiguous(), atol=atol, rtol=rtol)
-    note = f"dtype differs: {ra.dtype} vs {rb.dtype} (compared in float64)" if ra.dtype != rb.dtype else ""
-    return metric_fields(metrics, approximate=False, note=note)
+    return metric_fields(metrics, approximate=False, note=dtype_note(ra, rb))

@@ -135,8 +135,8 @@ def match_nodes(a: Trace, b: Trace, rename: RenameRules, match: str = "auto") ->
     def explained_b(n: Node) -> bool:
         return inside(n.relative_path, hidden_a)
 
+    paired_a, paired_b = {id(x) for x, _ in pairs}, {id(y) for _, y in pairs}  # kept up to date below
     if match != "name":
-        paired_a, paired_b = {id(x) for x, _ in pairs}, {id(y) for _, y in pairs}
         rest_a = [n for n in nodes_a if id(n) not in paired_a and n.phase == "forward" and not explained_a(n)]
         rest_b = [n for n in nodes_b if id(n) not in paired_b and n.phase == "forward" and not explained_b(n)]
         for _ in range(8) if rest_a and rest_b else ():  # each round may pair parents, which scopes their children
@@ -146,12 +146,13 @@ def match_nodes(a: Trace, b: Trace, rename: RenameRules, match: str = "auto") ->
             pairs += found
             methods += ["structure"] * len(found)
             done_a, done_b = {id(x) for x, _ in found}, {id(y) for _, y in found}
+            paired_a |= done_a
+            paired_b |= done_b
             rest_a = [n for n in rest_a if id(n) not in done_a]
             rest_b = [n for n in rest_b if id(n) not in done_b]
         if a.backward and b.backward:
-            pairs, methods = _with_backward(pairs, methods, nodes_a, nodes_b)
+            _with_backward(pairs, methods, nodes_a, nodes_b, paired_a, paired_b)
     structural = match == "structure" or (named == 0 and any(m == "structure" for m in methods))
-    paired_a, paired_b = {id(x) for x, _ in pairs}, {id(y) for _, y in pairs}
     in_b = [(y.phase != "forward", y.enter_order) for _, y in pairs]  # forward calls first, in B's call order
     order = sorted(range(len(pairs)), key=in_b.__getitem__)
     return Matching(
@@ -205,10 +206,10 @@ def _relative(full_path: str) -> str:
     return full_path.split(".", 1)[1] if "." in full_path else ""
 
 
-def _with_backward(pairs: list[tuple[Node, Node]], methods: list[str], nodes_a: list[Node], nodes_b: list[Node]
-                   ) -> tuple[list[tuple[Node, Node]], list[str]]:
-    """Backward calls of structurally paired modules pair like their forward calls."""
-    paired_a, paired_b = {id(x) for x, _ in pairs}, {id(y) for _, y in pairs}
+def _with_backward(pairs: list[tuple[Node, Node]], methods: list[str], nodes_a: list[Node], nodes_b: list[Node],
+                   paired_a: set[int], paired_b: set[int]) -> None:
+    """Backward calls of structurally paired modules pair like their forward calls (added to ``pairs``,
+    ``methods`` and the ids of the paired calls on each side)."""
     path_of = {(x.relative_path, x.call_index): (y.relative_path, y.call_index)
                for (x, y), m in zip(pairs, methods) if m == "structure"}
     by_key = {(n.relative_path, n.call_index): n for n in nodes_b if n.phase == "backward" and id(n) not in paired_b}
@@ -219,7 +220,8 @@ def _with_backward(pairs: list[tuple[Node, Node]], methods: list[str], nodes_a: 
         if other is not None:
             pairs.append((node, other))
             methods.append("structure")
-    return pairs, methods
+            paired_a.add(id(node))
+            paired_b.add(id(other))
 
 
 def suggest_rename(pairs: tuple[tuple[Node, Node], ...] | list[tuple[Node, Node]]) -> RenameRules:

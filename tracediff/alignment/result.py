@@ -350,8 +350,6 @@ class Alignment:
         }
 
 
-
-
 #: Builds a ``TensorComparison`` from the same arguments as the class: ``align`` builds one per compared tensor.
 build_row = frozen_builder(TensorComparison)
 

@@ -290,9 +290,7 @@ class Journal:
             after_written(lambda: self._append(line))
 
     def _write(self, entry: dict[str, Any]) -> None:
-        line = self._line(entry)
-        if line is not None:
-            self._append(line)
+        self._append_when_written(self._line(entry), None)
 
     def _line(self, entry: dict[str, Any]) -> bytes | None:
         try:
