@@ -40,6 +40,14 @@ def test_refuses_what_it_cannot_build_faithfully() -> None:
     class Factory:
         items: list[int] = dataclasses.field(default_factory=list)
 
-    for cls in (NoSlots, Checked, Factory):
+    @dataclasses.dataclass(frozen=True, slots=True)
+    class Base:
+        x: int
+
+    @dataclasses.dataclass(frozen=True, slots=True)
+    class Derived(Base):  # its slot layout is not its own: the twin could not match it
+        y: int = 0
+
+    for cls in (NoSlots, Checked, Factory, Derived):
         with pytest.raises(TypeError):
             frozen_builder(cls)

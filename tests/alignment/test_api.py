@@ -226,3 +226,44 @@ def test_a_field_setter_sets_one_field_of_a_row_being_built() -> None:
     assert row.growth == 2.5 and row.origin is None
     with pytest.raises(AttributeError, match="diverged"):
         setter("diverged")  # a property, not a field
+
+
+def test_verdict_summary_and_divergences_follow_each_results_own_rows(buggy: Alignment, clean: Alignment) -> None:
+    """They are counted once per result (a large report asks for each several times), never shared between
+    results: a result with other rows is judged on them."""
+    import collections
+    import dataclasses
+
+    for result in (buggy, clean):
+        diverged = [row for row in result.rows if row.diverged]
+        assert result.diverged == diverged and result.first_divergence is (diverged[0] if diverged else None)
+        assert result.summary()["statuses"] == dict(collections.Counter(row.status for row in result.rows))
+        assert result.summary()["diverged"] == len(diverged)
+        assert result.passed is (not diverged and not result.unreadable)
+    assert clean.passed and not buggy.passed  # counted above, for each
+    swapped = dataclasses.replace(clean, rows=buggy.rows)
+    assert not swapped.passed and swapped.first_divergence is buggy.first_divergence
+    assert clean.passed and clean.first_divergence is None
+    result_list = swapped.diverged
+    result_list.clear()  # a copy: the result's own list stays whole
+    assert swapped.diverged and swapped.first_divergence is not None
+
+
+def test_the_report_counts_calls_by_how_they_were_paired(clean: Alignment) -> None:
+    import dataclasses
+
+    from tracediff.render.matching import pairing_counts
+
+    by_name = dataclasses.replace(clean, rows=tuple(dataclasses.replace(row, matched_by="name")
+                                                    for row in clean.rows))
+    assert pairing_counts(by_name) == ""  # every call by name: nothing to say
+    moved = sorted({row.module_path_b for row in by_name.rows})[1:3]  # two calls, not the root
+    rows = tuple(dataclasses.replace(row, matched_by="structure") if row.module_path_b in moved else row
+                 for row in by_name.rows)
+    calls = {(row.module_path_a, row.module_path_b, row.call_index_b) for row in rows}
+    by_structure = {(row.module_path_a, row.module_path_b, row.call_index_b) for row in rows
+                    if row.matched_by == "structure"}
+    assert by_structure and calls - by_structure
+    assert pairing_counts(dataclasses.replace(clean, rows=rows)) == \
+        f" ({len(calls - by_structure)} by name, {len(by_structure)} by structure)"
+    assert pairing_counts(clean) == " (1 by name, 17 by map)"  # the root by name, every other call by the map

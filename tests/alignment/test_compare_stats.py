@@ -5,11 +5,12 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tracediff.alignment.compare import compare_stats
+from tracediff.alignment.compare import compare_records, compare_stats
 from tracediff.capturing.stats import tensor_stats
 from tracediff.trace.load import parse_scalar
 from tracediff.trace.model import TensorRecord
@@ -110,6 +111,22 @@ def test_equal_statistics_give_the_same_row_as_comparing_each_one() -> None:
     assert fast.keys() == slow.keys()
     for key in fast:
         assert fast[key] == slow[key] or (math.isnan(fast[key]) and math.isnan(slow[key])), key
+
+
+def test_pairs_with_equal_statistics_share_one_result_that_nobody_can_change() -> None:
+    """The result of equal statistics is built once and shared: a note for one pair must not reach another."""
+    stats = {"numel": 8, "mean": 0.5, "std": 1.0, "min": -1.0, "max": 2.0, "abs_mean": 0.75}
+    flat = TensorRecord(slot="outputs", order=0, shape=(8,), dtype="torch.float32", stats=stats)
+    column = TensorRecord(slot="outputs", order=1, shape=(8, 1), dtype="torch.float32", stats=dict(stats))
+    first = compare_stats(flat, flat, atol=1e-5, rtol=1.3e-6)
+    assert compare_stats(flat, column, atol=1e-5, rtol=1.3e-6) is first
+    with pytest.raises(TypeError):
+        first["reason"] = "changed"  # type: ignore[index]
+    squeezed = compare_records(None, flat, None, column, atol=1e-5, rtol=1.3e-6)  # type: ignore[arg-type]
+    assert squeezed["status"] == "close" and squeezed["reason"].endswith("; compared after squeezing singleton "
+                                                         "dimensions: [8] vs [8, 1]")
+    assert first["reason"] == "compared on statistics only: mean, std, min, max, abs_mean"
+    assert compare_records(None, flat, None, flat, atol=1e-5, rtol=1.3e-6) is first  # type: ignore[arg-type]
 
 
 # --- the loop of compare_stats is written for speed; this is its rule written plainly, as the oracle ---

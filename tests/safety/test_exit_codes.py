@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
@@ -143,10 +144,18 @@ def test_only_commands_that_run_no_code_of_the_users_skip_the_teardown(
         {"show", "align", "steps", "plot"}
     _watch_exits(monkeypatch)
     monkeypatch.setattr(cli_main.threading, "active_count", lambda: 1)
+    assert gc.isenabled()
     for argv, how, code in ((["show", str(small_trace), "--depth", "0"], "os._exit", 0),
                             (["replay", str(tmp_path / "missing"), "model.py:build"], "sys.exit", 2)):
         monkeypatch.setattr(sys, "argv", ["tracediff", *argv])
-        with pytest.raises(_Left) as left:
-            cli_main.entry_point()
+        try:
+            with pytest.raises(_Left) as left:
+                cli_main.entry_point()
+            # the process ends with the command: the collector stays off for a command that skips the teardown
+            assert gc.isenabled() is (how == "sys.exit"), argv
+        finally:
+            gc.enable()
         assert (left.value.how, left.value.code) == (how, code), argv
+    cli_main.main(["show", str(small_trace), "--depth", "0"])  # main() is a library call: the collector stays on
+    assert gc.isenabled()
     capsys.readouterr()

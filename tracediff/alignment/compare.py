@@ -8,7 +8,9 @@ trace) is aligned without importing it. Payloads are compared in
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from functools import lru_cache
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from ..format import MOMENT_STAT_KEYS
@@ -27,18 +29,21 @@ _COUNT_STATS = frozenset(("nan", "posinf", "neginf"))
 
 def compare_records(
     trace_a: Trace, ra: TensorRecord, trace_b: Trace, rb: TensorRecord, *, atol: float, rtol: float
-) -> dict[str, Any]:
-    """The metric fields of a row (status, reason and every metric) for one tensor pair."""
-    if ra.shape is not None and rb.shape is not None and ra.shape != rb.shape and not squeezable(ra.shape, rb.shape):
-        return verdict_fields("shape_mismatch", False, f"shape differs: {list(ra.shape)} vs {list(rb.shape)}")
-    if ra.has_payload and rb.has_payload:
+) -> Mapping[str, Any]:
+    """The metric fields of a row (status, reason and every metric) for one tensor pair (read them only:
+    pairs whose statistics are the same numbers share one)."""
+    shape_a, shape_b = ra.shape, rb.shape
+    note = ""
+    if shape_a != shape_b and shape_a is not None and shape_b is not None:
+        if not squeezable(shape_a, shape_b):
+            return verdict_fields("shape_mismatch", False, f"shape differs: {list(shape_a)} vs {list(shape_b)}")
+        note = squeeze_note(shape_a, shape_b)
+    if ra.payload is not None and rb.payload is not None and ra.has_payload and rb.has_payload:
         from .compare_payloads import compare_payloads  # torch is imported only when payloads are compared
 
         return compare_payloads(trace_a, ra, trace_b, rb, atol=atol, rtol=rtol)
     fields = compare_stats(ra, rb, atol=atol, rtol=rtol)
-    if ra.shape != rb.shape and ra.shape is not None and rb.shape is not None:
-        fields["reason"] += f"; {squeeze_note(ra.shape, rb.shape)}"
-    return fields
+    return {**fields, "reason": f"{fields['reason']}; {note}"} if note else fields
 
 
 def dtype_note(ra: TensorRecord, rb: TensorRecord) -> str:
@@ -75,7 +80,7 @@ def verdict_fields(status: str, within: bool | None, reason: str) -> dict[str, A
     }
 
 
-def compare_stats(ra: TensorRecord, rb: TensorRecord, *, atol: float, rtol: float) -> dict[str, Any]:
+def compare_stats(ra: TensorRecord, rb: TensorRecord, *, atol: float, rtol: float) -> Mapping[str, Any]:
     """An approximate verdict from recorded statistics (mean, std, min, max, abs_mean).
 
     Each statistic of B must lie within ``atol + rtol * |statistic of A|`` of
@@ -84,7 +89,7 @@ def compare_stats(ra: TensorRecord, rb: TensorRecord, *, atol: float, rtol: floa
     and ``max_rel_err`` are the largest differences among the statistics,
     ``required_atol``/``required_rtol`` what would pass beyond that rounding,
     and NaN/Inf counts must agree when both sides recorded them. The other
-    metrics are NaN.
+    metrics are NaN. Pairs whose statistics are the same numbers share one read-only result.
     """
     sa, sb = ra.stats, rb.stats
     keys = _STAT_KEYS if _ALL_STATS <= sa.keys() and _ALL_STATS <= sb.keys() else \
@@ -93,9 +98,10 @@ def compare_stats(ra: TensorRecord, rb: TensorRecord, *, atol: float, rtol: floa
         missing = "A" if not ra.stats else "B"
         return verdict_fields("no_data", None, f"no payload and no statistics in {missing}")
     if sa == sb and not (ra.stale_reason or rb.stale_reason):  # the same numbers: nothing differs
-        return _stats_fields(True, _compared_on(keys), 0.0, 0.0, 0.0, 0.0, 0, 0)
+        return _identical_stats(keys)
     # written in full by tracediff (with "numel"), or rounded to five digits by transformers: see _rounding
-    round_a, round_b = (0.0 if "numel" in stats else _REPR_ROUNDING for stats in (sa, sb))
+    round_a = 0.0 if "numel" in sa else _REPR_ROUNDING
+    round_b = 0.0 if "numel" in sb else _REPR_ROUNDING
     isfinite, inf = math.isfinite, math.inf
     worst_abs, worst_rel, need_atol, need_rtol, failing = 0.0, 0.0, 0.0, 0.0, []
     for key in keys:  # one row per compared tensor: the loop is written for speed, the rules are _rounding's
@@ -146,6 +152,11 @@ def compare_stats(ra: TensorRecord, rb: TensorRecord, *, atol: float, rtol: floa
 @lru_cache(maxsize=64)  # one reason string shared by every row that compared the same statistics
 def _compared_on(keys: tuple[str, ...]) -> str:
     return "compared on statistics only: " + ", ".join(keys)
+
+
+@lru_cache(maxsize=64)  # in a trace aligned with itself or a rerun, most pairs: built once, never changed
+def _identical_stats(keys: tuple[str, ...]) -> Mapping[str, Any]:
+    return MappingProxyType(_stats_fields(True, _compared_on(keys), 0.0, 0.0, 0.0, 0.0, 0, 0))
 
 
 def _stats_fields(within: bool, reason: str, worst_abs: float, worst_rel: float, need_atol: float,

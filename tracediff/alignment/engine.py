@@ -152,30 +152,24 @@ def align(
     unmatched_b += op_pairing.unmatched_b
     jobs.sort(key=lambda job: job[3].order)
 
-    tolerances = [policy.resolve((na.relative_path, nb.relative_path), ra.dtype, rb.dtype)
-                  for na, ra, nb, rb in jobs]
     tick = _progress(progress, jobs)
-
     relaid = bool(plan.how)  # some pair is related by a layout transform (or was paired by map or structure)
 
-    def compare(index: int) -> dict[str, Any]:
-        _, ra, _, rb = jobs[index]
-        atol, rtol = tolerances[index]
+    def compare(order: int) -> TensorComparison:
+        na, ra, nb, rb = jobs[order]
+        atol, rtol = policy.resolve((na.relative_path, nb.relative_path), ra.dtype, rb.dtype)
         fields = relaid and plan.compare(trace_a, ra, trace_b, rb, atol=atol, rtol=rtol) \
             or compare_records(trace_a, ra, trace_b, rb, atol=atol, rtol=rtol)
         tick(rb)
-        return fields
+        return row_from_fields(order, na.module_path, nb.module_path, na.call_index, nb.call_index, rb.slot,
+                               ra.slot, ra.shape, rb.shape, ra.dtype, rb.dtype, atol, rtol,
+                               nb.module_type or na.module_type, fields)
 
     # threads help only where torch works on payloads; statistics are compared in Python, under the GIL
     with _workers(sum(1 for _, ra, _, rb in jobs if ra.has_payload and rb.has_payload)) as run:
-        results = run(compare, range(len(jobs)))
+        rows = run(compare, range(len(jobs)))
     tick(None)
-    rows = [row_from_fields(order, na.module_path, nb.module_path, na.call_index, nb.call_index, rb.slot, ra.slot,
-                            ra.shape, rb.shape, ra.dtype, rb.dtype, *tolerances[order],
-                            nb.module_type or na.module_type, fields)
-            for order, ((na, ra, nb, rb), fields) in enumerate(zip(jobs, results))]
     rows = annotate_op_rows(rows, jobs, op_pairing)
-    del results  # the rows hold what they need: one copy of each row at a time from here
     rows = plan.annotate(rows, jobs)
     rows = _with_origins(rows, jobs)
     with _workers(len(jobs) if trace_n is not None else 0) as run:

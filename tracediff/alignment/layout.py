@@ -107,6 +107,8 @@ def find_fused(trace_a: Trace, trace_b: Trace, parents: list[tuple[Node, Node]],
     calls used here are removed from them.
     """
     found: list[LayoutPair] = []
+    if not (unpaired_a and unpaired_b):  # every call of a side paired: nothing can be fused
+        return found
     for parent_a, parent_b in parents:
         kids_a = [n for n in parent_a.children if id(n) in unpaired_a]
         kids_b = [n for n in parent_b.children if id(n) in unpaired_b]

@@ -135,8 +135,13 @@ def match_nodes(a: Trace, b: Trace, rename: RenameRules, match: str = "auto") ->
     def explained_b(n: Node) -> bool:
         return inside(n.relative_path, hidden_a)
 
-    paired_a, paired_b = {id(x) for x, _ in pairs}, {id(y) for _, y in pairs}  # kept up to date below
-    if match != "name":
+    # each call pairs at most once: as many pairs as calls on both sides means nothing is left to look for
+    complete = len(pairs) == len(nodes_a) == len(nodes_b)
+    paired_a: set[int] = set()
+    paired_b: set[int] = set()
+    if not complete:
+        paired_a, paired_b = {id(x) for x, _ in pairs}, {id(y) for _, y in pairs}  # kept up to date below
+    if match != "name" and not complete:
         rest_a = [n for n in nodes_a if id(n) not in paired_a and n.phase == "forward" and not explained_a(n)]
         rest_b = [n for n in nodes_b if id(n) not in paired_b and n.phase == "forward" and not explained_b(n)]
         for _ in range(8) if rest_a and rest_b else ():  # each round may pair parents, which scopes their children
@@ -157,8 +162,8 @@ def match_nodes(a: Trace, b: Trace, rename: RenameRules, match: str = "auto") ->
     order = sorted(range(len(pairs)), key=in_b.__getitem__)
     return Matching(
         pairs=tuple(pairs[i] for i in order),
-        unmatched_a=tuple(n for n in nodes_a if id(n) not in paired_a and not explained_a(n)),
-        unmatched_b=tuple(n for n in nodes_b if id(n) not in paired_b and not explained_b(n)),
+        unmatched_a=() if complete else tuple(n for n in nodes_a if id(n) not in paired_a and not explained_a(n)),
+        unmatched_b=() if complete else tuple(n for n in nodes_b if id(n) not in paired_b and not explained_b(n)),
         structural=structural,
         methods=tuple(methods[i] for i in order),
         gaps_a=gaps_a, gaps_b=gaps_b, nodes_a=nodes_a, nodes_b=nodes_b,

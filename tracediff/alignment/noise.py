@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
 from ..trace.load import Trace
@@ -50,7 +50,7 @@ def counterpart(records: dict[tuple[tuple[str, str, int], str], TensorRecord], n
     return records.get((node_a.key, ra.slot))
 
 
-def floor_of(fields: dict[str, object] | None) -> float | None:
+def floor_of(fields: Mapping[str, object] | None) -> float | None:
     """The noise floor from the A-vs-N comparison fields, or None when they measured nothing usable."""
     if fields is None:
         return None

@@ -43,7 +43,7 @@ growth                 this row's error beyond noise over what flowed into
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, fields
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
@@ -204,6 +204,14 @@ class ArgumentDiff:
 
 
 @dataclass(frozen=True)
+class _Tally:
+    statuses: dict[str, int]  # status -> rows
+    diverged: tuple[TensorComparison, ...]  # in execution order
+    unreadable: tuple[TensorComparison, ...]
+    approximate: int
+
+
+@dataclass(frozen=True)
 class Alignment:
     """Everything ``tracediff.align`` found; truthy when every compared tensor passed.
 
@@ -241,7 +249,7 @@ class Alignment:
         of the whole model, unless ``align(..., allow_incomplete=True)``.
         """
         complete = self.allow_incomplete or (self.incomplete_a is None and self.incomplete_b is None)
-        return complete and all(row.passed for row in self.rows)
+        return complete and not self._tally.diverged and not self._tally.unreadable
 
     def __bool__(self) -> bool:
         return self.passed
@@ -249,20 +257,38 @@ class Alignment:
     @property
     def first_divergence(self) -> TensorComparison | None:
         """The earliest row, in execution order, that is out of tolerance."""
-        return next((row for row in self.rows if row.diverged), None)
+        diverged = self._tally.diverged
+        return diverged[0] if diverged else None
 
     @property
     def first_backward_divergence(self) -> TensorComparison | None:
         """The earliest gradient row (``grad_outputs``/``grad_inputs``) out of tolerance."""
-        return next((row for row in self.rows if row.diverged and row.tensor.startswith("grad_")), None)
+        return next((row for row in self._tally.diverged if row.tensor.startswith("grad_")), None)
 
     @property
     def diverged(self) -> list[TensorComparison]:
-        return [row for row in self.rows if row.diverged]
+        return list(self._tally.diverged)
 
     @property
     def unreadable(self) -> list[TensorComparison]:
-        return [row for row in self.rows if row.status == "unreadable"]
+        return list(self._tally.unreadable)
+
+    @cached_property
+    def _tally(self) -> _Tally:
+        """One pass over the rows for the verdict, the summary and the first divergences: a report asks for
+        each several times, and a large alignment has a row per tensor (rows never change)."""
+        statuses: dict[str, int] = {}
+        diverged, unreadable, approximate = [], [], 0
+        for row in self.rows:
+            status = row.status
+            statuses[status] = statuses.get(status, 0) + 1
+            if row.within_tolerance is False:  # row.diverged
+                diverged.append(row)
+            if status == "unreadable":
+                unreadable.append(row)
+            if row.approximate:
+                approximate += 1
+        return _Tally(statuses, tuple(diverged), tuple(unreadable), approximate)
 
     @cached_property
     def _frame(self) -> pd.DataFrame:
@@ -276,14 +302,12 @@ class Alignment:
         return self._frame.copy()
 
     def summary(self) -> dict[str, Any]:
-        counts: dict[str, int] = {}
-        for row in self.rows:
-            counts[row.status] = counts.get(row.status, 0) + 1
+        tally = self._tally
         return {
             "compared": len(self.rows),
-            "diverged": len(self.diverged),
-            "approximate": sum(row.approximate for row in self.rows),
-            "statuses": counts,
+            "diverged": len(tally.diverged),
+            "approximate": tally.approximate,
+            "statuses": dict(tally.statuses),
             "matched_nodes": self.matched_nodes,
         }
 
@@ -357,7 +381,7 @@ build_row = frozen_builder(TensorComparison)
 def row_from_fields(order: int, module_path_a: str, module_path_b: str, call_index: int, call_index_b: int,
                     tensor: str, tensor_a: str, shape_a: tuple[int, ...] | None, shape_b: tuple[int, ...] | None,
                     dtype_a: str | None, dtype_b: str | None, atol: float, rtol: float, module_type: str | None,
-                    metrics: dict[str, Any]) -> TensorComparison:
+                    metrics: Mapping[str, Any]) -> TensorComparison:
     """A row from who was compared and ``metrics``, the dict of a comparison (``compare.verdict_fields``,
     ``metric_fields`` or ``compare_stats``: status, reason and every metric).
 

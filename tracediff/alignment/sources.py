@@ -49,8 +49,12 @@ def scale_of(record: TensorRecord) -> float | None:
     return scale
 
 
-def excess(row: TensorComparison, scale_a: float | None) -> float | None:
-    """How far a row's error is beyond noise (see the module docstring); None when nothing was measured."""
+def excess(row: TensorComparison, record_a: TensorRecord) -> float | None:
+    """How far a row's error is beyond noise (see the module docstring); None when nothing was measured.
+
+    ``record_a`` is A's record of the pair, whose magnitude (:func:`scale_of`) is looked up only for an error
+    above zero.
+    """
     if row.status == "shape_mismatch":
         return math.inf
     if row.status in ("unreadable", "no_data") or math.isnan(row.max_abs_err):
@@ -60,8 +64,11 @@ def excess(row: TensorComparison, scale_a: float | None) -> float | None:
     if row.noise_ratio is not None:
         return row.noise_ratio
     error = row.max_abs_err
+    if error == 0:
+        return 0.0
     # relative to the tensor's magnitude: a norm rescales its input, and must not look like a source for it
-    allowed = row.rtol * scale_a if row.rtol > 0 and scale_a else row.atol
+    scale_a = scale_of(record_a) if row.rtol > 0 else None
+    allowed = row.rtol * scale_a if scale_a else row.atol
     if allowed > 0:
         return error / allowed
     return math.inf if error > 0 else 0.0
@@ -77,29 +84,37 @@ def role(slot: str) -> tuple[str, str]:
     return _ROLES.get(slot.partition(".")[0], ("forward", "out"))
 
 
-def find_sources(rows: Sequence[TensorComparison], nodes_b: Sequence[Node], scales_a: Sequence[float | None], *,
+def find_sources(rows: Sequence[TensorComparison], nodes_b: Sequence[Node], records_a: Sequence[TensorRecord], *,
                  noise_factor: float, never_source: Sequence[bool] | None = None
                  ) -> tuple[list[TensorComparison], list[bool]]:
     """Fill ``growth`` and ``origin`` of every row; returns the rows and which of them are sources.
 
     ``rows`` are in B's execution order, ``nodes_b[i]`` is row i's call in B
-    and ``scales_a[i]`` A's largest magnitude there (:func:`scale_of`);
+    and ``records_a[i]`` A's record of the pair (its magnitude scales the error, see :func:`excess`);
     ``never_source`` marks rows (ignored ones) that count as flowing into
     later rows but are never sources.
     """
     running: dict[tuple[str, int], float] = {}  # (phase, id of a call) -> largest excess recorded inside it so far
-    out: list[TensorComparison] = []
     flags: list[bool] = []
-    for index, (row, node, scale_a) in enumerate(zip(rows, nodes_b, scales_a)):
+    for index, (row, node, record_a) in enumerate(zip(rows, nodes_b, records_a)):
         phase, side = role(row.tensor)
+        value = excess(row, record_a)
+        diverged = row.within_tolerance is False  # row.diverged
+        if value == 0.0 and not diverged:  # nothing beyond noise, most rows of a close port: no source, no growth
+            _set_growth(row, 0.0)
+            if row.origin is not None:
+                _set_origin(row, None)
+            flags.append(False)
+            if (phase, id(node)) not in running:  # an excess of 0 raises only what holds nothing yet
+                _raise_running(running, phase, node, 0.0)
+            continue
         enclosing = node if side == "out" else node.parent
         incoming = running.get((phase, id(enclosing)), 0.0) if enclosing is not None else 0.0
-        value = excess(row, scale_a)
         growth = None if value is None else (value / max(incoming, 1.0) if not math.isinf(value) or
                                              not math.isinf(incoming) else 1.0)
-        is_source = bool(row.diverged and not (never_source and never_source[index])
+        is_source = bool(diverged and not (never_source and never_source[index])
                          and (incoming <= 1.0 or (growth is not None and growth > noise_factor)))
-        if row.diverged:
+        if diverged:
             origin, reason = (_origin(side, phase, node) if is_source else "inherited"), row.reason
             if is_source and origin == "between modules" and node.parent is not None:
                 reason = _join(reason, _between_note(node))
@@ -108,11 +123,10 @@ def find_sources(rows: Sequence[TensorComparison], nodes_b: Sequence[Node], scal
             _set_growth(row, growth)
             if row.origin is not None:
                 _set_origin(row, None)
-        out.append(row)
         flags.append(is_source)
         if value is not None:
             _raise_running(running, phase, node, value)
-    return out, flags
+    return list(rows), flags
 
 
 def _origin(side: str, phase: str, node: Node) -> str:

@@ -19,7 +19,7 @@ everything inside it; ``SLOT`` against the tensor slot (``outputs.0``,
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,7 +29,7 @@ from ..trace.model import Node, TensorRecord
 from .compare import compare_records
 from .noise import accept_by_relative_norm, apply_floor, baseline_records, counterpart, dtype_warning, floor_of
 from .result import TensorComparison
-from .sources import find_sources, scale_of
+from .sources import find_sources
 
 Job = tuple[Node, TensorRecord, Node, TensorRecord]
 Runner = Callable[[Callable[[int], Any], Iterable[int]], list[Any]]
@@ -75,7 +75,7 @@ def judge(rows: Sequence[TensorComparison], jobs: Sequence[Job], trace_a: Trace,
     if baseline is not None:
         records = baseline_records(baseline)
 
-        def floor_fields(index: int) -> dict[str, Any] | None:
+        def floor_fields(index: int) -> Mapping[str, Any] | None:
             node_a, ra, _, _ = jobs[index]
             rn = counterpart(records, node_a, ra)
             if rn is None:
@@ -102,7 +102,7 @@ def judge(rows: Sequence[TensorComparison], jobs: Sequence[Job], trace_a: Trace,
         if label not in used:
             warnings.append(f"--ignore pattern {label!r} matches no compared tensor")
 
-    judged, flags = find_sources(judged, [job[2] for job in jobs], [scale_of(job[1]) for job in jobs],
+    judged, flags = find_sources(judged, [job[2] for job in jobs], [job[1] for job in jobs],
                                  noise_factor=noise_factor,
                                  never_source=[m is not None for m in matched])
     kept = [row for row, m in zip(judged, matched) if m is None]

@@ -13,6 +13,8 @@ SHOWN_RULES = 10
 
 def pairing_counts(result: Alignment) -> str:
     """``" (2 by name, 17 by structure, 6 by layout)"`` when anything but names paired calls, else ``""``."""
+    if all(row.matched_by == "name" for row in result.rows):  # the usual case: no set of every call built
+        return ""
     calls: dict[str, set[tuple[str, str, int]]] = {}
     for row in result.rows:
         calls.setdefault(row.matched_by, set()).add((row.module_path_a, row.module_path_b, row.call_index_b))
