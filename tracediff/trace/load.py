@@ -168,9 +168,10 @@ class _Builder:
         if call_index is None:
             call_index = seen
         self.calls[path] = call_index + 1 if call_index >= seen else seen
-        node = Node(module_path=path, relative_path=path.partition(".")[2], call_index=call_index,
-                    module_type=obj.get(fmt.MODULE_TYPE), depth=depth, enter_order=self.order, parent=parent,
-                    error=obj.get(fmt.ERROR))
+        # by position, the rest set after: binding keywords cost more than building the node (one per call)
+        node = Node(path, path.partition(".")[2], call_index, obj.get(fmt.MODULE_TYPE), depth, self.order)
+        node.parent = parent
+        node.error = obj.get(fmt.ERROR)
         inputs = obj.get(fmt.INPUTS)
         if inputs is not None:
             self._flatten(inputs, "inputs", node)
@@ -248,16 +249,11 @@ class _Builder:
         stored = entry.get(fmt.VALUE)
         problem = None if stored is None or type(stored) is str else value_problem(stored)
         self.order += 1
-        return _build_record(
-            slot=slot,
-            order=self.order - 1,
-            shape=parse_shape(entry[fmt.SHAPE]),
-            dtype=entry[fmt.DTYPE],
-            stats=stats,
-            payload=stored if type(stored) is str else None,
-            repr_lines=tuple(stored) if type(stored) is list and problem is None else None,
-            stale_reason=problem,  # a 'value' that is a number or an object: said in the row
-        )
+        # by position (slot, order, shape, dtype, stats, payload, repr_lines, stale_reason): one call per tensor
+        return _build_record(slot, self.order - 1, parse_shape(entry[fmt.SHAPE]), entry[fmt.DTYPE], stats,
+                             stored if type(stored) is str else None,
+                             tuple(stored) if type(stored) is list and problem is None else None,
+                             problem)  # a 'value' that is a number or an object: said in the row
 
 
 def _typed_value(entry: dict[str, Any]) -> Any:
