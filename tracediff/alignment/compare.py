@@ -38,7 +38,7 @@ def compare_records(
         if not squeezable(shape_a, shape_b):
             return verdict_fields("shape_mismatch", False, f"shape differs: {list(shape_a)} vs {list(shape_b)}")
         note = squeeze_note(shape_a, shape_b)
-    if ra.payload is not None and rb.payload is not None and ra.has_payload and rb.has_payload:
+    if ra.has_payload and rb.has_payload:
         from .compare_payloads import compare_payloads  # torch is imported only when payloads are compared
 
         return compare_payloads(trace_a, ra, trace_b, rb, atol=atol, rtol=rtol)
