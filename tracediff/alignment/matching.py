@@ -137,10 +137,8 @@ def match_nodes(a: Trace, b: Trace, rename: RenameRules, match: str = "auto") ->
 
     # each call pairs at most once: as many pairs as calls on both sides means nothing is left to look for
     complete = len(pairs) == len(nodes_a) == len(nodes_b)
-    paired_a: set[int] = set()
-    paired_b: set[int] = set()
-    if not complete:
-        paired_a, paired_b = {id(x) for x, _ in pairs}, {id(y) for _, y in pairs}  # kept up to date below
+    paired_a = set() if complete else {id(x) for x, _ in pairs}  # kept up to date below
+    paired_b = set() if complete else {id(y) for _, y in pairs}
     if match != "name" and not complete:
         rest_a = [n for n in nodes_a if id(n) not in paired_a and n.phase == "forward" and not explained_a(n)]
         rest_b = [n for n in nodes_b if id(n) not in paired_b and n.phase == "forward" and not explained_b(n)]

@@ -96,24 +96,20 @@ def find_sources(rows: Sequence[TensorComparison], nodes_b: Sequence[Node], reco
     """
     running: dict[tuple[str, int], float] = {}  # (phase, id of a call) -> largest excess recorded inside it so far
     flags: list[bool] = []
+    growth: float | None
     for index, (row, node, record_a) in enumerate(zip(rows, nodes_b, records_a)):
         phase, side = role(row.tensor)
         value = excess(row, record_a)
         diverged = row.within_tolerance is False  # row.diverged
-        if value == 0.0 and not diverged:  # nothing beyond noise, most rows of a close port: no source, no growth
-            _set_growth(row, 0.0)
-            if row.origin is not None:
-                _set_origin(row, None)
-            flags.append(False)
-            if (phase, id(node)) not in running:  # an excess of 0 raises only what holds nothing yet
-                _raise_running(running, phase, node, 0.0)
-            continue
-        enclosing = node if side == "out" else node.parent
-        incoming = running.get((phase, id(enclosing)), 0.0) if enclosing is not None else 0.0
-        growth = None if value is None else (value / max(incoming, 1.0) if not math.isinf(value) or
-                                             not math.isinf(incoming) else 1.0)
-        is_source = bool(diverged and not (never_source and never_source[index])
-                         and (incoming <= 1.0 or (growth is not None and growth > noise_factor)))
+        if value == 0.0 and not diverged:  # nothing beyond noise, most rows of a close port: what flowed in is moot
+            growth, is_source = 0.0, False
+        else:
+            enclosing = node if side == "out" else node.parent
+            incoming = running.get((phase, id(enclosing)), 0.0) if enclosing is not None else 0.0
+            growth = None if value is None else (value / max(incoming, 1.0) if not math.isinf(value) or
+                                                 not math.isinf(incoming) else 1.0)
+            is_source = bool(diverged and not (never_source and never_source[index])
+                             and (incoming <= 1.0 or (growth is not None and growth > noise_factor)))
         if diverged:
             origin, reason = (_origin(side, phase, node) if is_source else "inherited"), row.reason
             if is_source and origin == "between modules" and node.parent is not None:
