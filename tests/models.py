@@ -51,13 +51,13 @@ def tiny_gpt2(*, layers: int = 3, seed: int = 0) -> tuple[nn.Module, dict[str, t
     return GPT2LMHeadModel(config).eval(), {"input_ids": _token_ids(seed)}
 
 
-def tiny_bert(*, layers: int = 3, seed: int = 0) -> tuple[nn.Module, dict[str, torch.Tensor]]:
+def tiny_bert(*, layers: int = 3, seed: int = 0, hidden_act: str = "gelu") -> tuple[nn.Module, dict[str, torch.Tensor]]:
     """A ``BertModel`` with hidden size 16, and inputs ``input_ids`` and ``attention_mask``."""
     from transformers import BertConfig, BertModel
 
     config = BertConfig(
         vocab_size=VOCAB, hidden_size=16, num_hidden_layers=layers, num_attention_heads=2,
-        intermediate_size=32, max_position_embeddings=32, attn_implementation="eager",
+        intermediate_size=32, max_position_embeddings=32, attn_implementation="eager", hidden_act=hidden_act,
     )
     torch.manual_seed(seed)
     ids = _token_ids(seed)

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ._json_text import json_text, json_text_pair
-from .errors import OutputDirError, PayloadError, UnsafePathError
+from .errors import OutputDirError, PayloadError, PayloadFormatError, UnsafePathError
 from .format import PAYLOAD_KEY
 
 if TYPE_CHECKING:
@@ -267,16 +267,34 @@ def _encodable(text: str) -> bool:
     return True
 
 
-def read_tensor_file(path: Path, key: str = PAYLOAD_KEY) -> torch.Tensor:
-    """Read one tensor from a safetensors file through ``safe_open`` (memory-mapped, no pickle)."""
+def payload_key_problem(path: Path | str, keys: list[str]) -> str | None:
+    """Why the tensor names of a payload file break the format (one tensor, named ``data``); None when they do not."""
+    if keys == [PAYLOAD_KEY]:
+        return None
+    found = ", ".join(repr(k) for k in keys[:5]) + (f" and {len(keys) - 5} more" if len(keys) > 5 else "")
+    return f"{path}: a payload holds one tensor under the key {PAYLOAD_KEY!r}: expected {PAYLOAD_KEY!r}, " \
+           f"found {found or 'no tensor'}"
+
+
+def read_tensor_file(path: Path, key: str = PAYLOAD_KEY, *, payload: bool = False) -> torch.Tensor:
+    """Read one tensor from a safetensors file through ``safe_open`` (memory-mapped, no pickle).
+
+    ``payload=True``: the file is a trace payload, so it must hold exactly one
+    tensor, under ``data`` (``PayloadFormatError`` otherwise, naming the keys found).
+    """
     from safetensors import SafetensorError, safe_open
 
     try:
         with safe_open(str(path), framework="pt") as f:
             keys = list(f.keys())
+            problem = payload_key_problem(path, keys) if payload else None
+            if problem:
+                raise PayloadFormatError(problem)
             if key not in keys:
                 raise PayloadError(f"{path}: no tensor named {key!r} (found {keys[:5]})")
             return f.get_tensor(key)
+    except PayloadFormatError:
+        raise
     except FileNotFoundError as e:
         raise PayloadError(f"{path}: payload file is missing") from e
     except MemoryError:

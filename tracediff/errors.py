@@ -18,6 +18,7 @@ __all__ = [
     "TraceFormatError",
     "UnsafePathError",
     "PayloadError",
+    "PayloadFormatError",
     "CaptureSpecError",
     "InputsFileError",
     "OutputDirError",
@@ -39,6 +40,10 @@ class UnsafePathError(TracediffError, ValueError):
 
 class PayloadError(TracediffError, OSError):
     """A safetensors payload is missing, truncated or corrupt."""
+
+
+class PayloadFormatError(TraceFormatError):
+    """A payload is a readable safetensors file that breaks the format: not one tensor under the key ``data``."""
 
 
 class CaptureSpecError(TracediffError, ValueError):

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from ..errors import TracediffError
+from ..errors import PayloadFormatError, TracediffError
 from ..trace.load import Trace
 from ..trace.model import TensorRecord
 from .benign import exact_mismatches, is_exact_dtype, prepare_pair
@@ -27,6 +27,8 @@ def compare_payloads(
         return metric_fields(same, approximate=False, note=dtype_note(ra, rb))
     try:
         a, b = trace_a.load(ra), trace_b.load(rb)
+    except PayloadFormatError:
+        raise  # a trace that breaks the format is refused whole, not reported as one unreadable row
     except TracediffError as e:
         return verdict_fields("unreadable", None, str(e))
     if a.shape != b.shape and not squeezable(tuple(a.shape), tuple(b.shape)):

@@ -9,7 +9,7 @@ anywhere, usually the first). Memory stays at two chunks per thread whatever
 the tensor size; nothing is converted, so a bf16 pair costs its bytes only.
 
 Anything unusual (not a regular file, a header it cannot read, several
-tensors, offsets outside the file) answers False, and the caller decodes the
+tensors, a key other than ``data``, offsets outside the file) answers False, and the caller decodes the
 pair the usual way, which reports the problem properly.
 """
 
@@ -22,6 +22,7 @@ import threading
 from dataclasses import dataclass
 
 from ..errors import TracediffError
+from ..format import PAYLOAD_KEY
 from ..trace.load import Trace
 from ..trace.model import TensorRecord
 from .metrics import PairMetrics, identical_metrics
@@ -79,10 +80,11 @@ def _layout(fd: int) -> _Layout | None:
     parsed = json.loads(header)
     if not isinstance(parsed, dict):
         return None
-    tensors = [v for k, v in parsed.items() if k != "__metadata__"]
-    if len(tensors) != 1 or not isinstance(tensors[0], dict):
+    if [k for k in parsed if k != "__metadata__"] != [PAYLOAD_KEY]:
+        return None  # decoding refuses it, naming the keys
+    entry = parsed[PAYLOAD_KEY]
+    if not isinstance(entry, dict):
         return None
-    entry = tensors[0]
     dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
     if not isinstance(dtype, str) or not isinstance(shape, list) or not isinstance(offsets, list):
         return None

@@ -88,7 +88,7 @@ class Trace:
         """Read the payload of ``record`` (memory-mapped through ``safe_open``; a regular file inside the folder)."""
         return read_tensor_file(check_regular_file(self.payload_path(record), root=self.directory,
                                                    error=PayloadError, what="payload",
-                                                   missing="payload file is missing"))
+                                                   missing="payload file is missing"), payload=True)
 
     @property
     def incomplete_reason(self) -> str | None:
