@@ -84,9 +84,9 @@ def time_align(a: Path, b: Path, repeats: int) -> tuple[float, float, bool]:
 
 def fast_path(ref: Path, same: Path, repeats: int) -> None:
     """Wall and CPU seconds to find every payload of ``ref`` and ``same`` equal: raw bytes vs decoding."""
-    from tracediff._io import read_tensor_file
-    from tracediff.alignment.metrics import bitwise_equal
-    from tracediff.alignment.raw_payload import same_bytes
+    from tracediff.compare.metrics import bitwise_equal
+    from tracediff.compare.raw_payload import same_bytes
+    from tracediff.files.payloads import read_tensor_file
 
     names = sorted(p.name for p in ref.glob("*.safetensors"))
     total = sum((ref / n).stat().st_size + (same / n).stat().st_size for n in names)

@@ -225,8 +225,8 @@ def floor_measures(
     tensors: list[torch.Tensor], root: Path
 ) -> dict[str, tuple[str, Callable[[], tuple[float, int, int]]]]:
     """What no capture can beat: writing the tensors to fresh files, and computing their statistics."""
-    from tracediff._io import write_tensor_file
     from tracediff.capturing.stats import StatsBuffers, tensor_stats
+    from tracediff.files.payloads import write_tensor_file
 
     total = sum(t.numel() * t.element_size() for t in tensors)
     on_host = [t.cpu() for t in tensors]  # writing alone: the output folder's bandwidth, no device copy

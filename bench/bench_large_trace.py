@@ -85,8 +85,8 @@ def measure(argv: list[str]) -> tuple[float, float, float, int]:
 def phases(folder_a: Path, folder_b: Path) -> None:
     """Where the time of ``align A B`` goes: imports, reading each trace, aligning, rendering (in this process)."""
     started = time.perf_counter()
-    from tracediff._gc import paused_gc
     from tracediff.alignment import align
+    from tracediff.cli.process import paused_gc
     from tracediff.render.alignment import render_table
     from tracediff.trace.load import load_trace
 

@@ -126,7 +126,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         results, curves = run(args.archs.split(","), args.dtypes.split(","), [int(s) for s in args.seeds.split(",")],
                               args.layers, args.bug, args.device, Path(tmp))
-    from tracediff.alignment.noise import DEFAULT_NOISE_FACTOR
+    from tracediff.alignment.verdicts.noise import DEFAULT_NOISE_FACTOR
 
     print(f"{'arch':6} {'dtype':9} {'seed':>4} {'tensors':>7} {'clean max':>9} {'p99':>6} {'rms max':>7} "
           f"{'passes':>6}  {'bug ratio':>9} {'growth':>7} {'sources':>7}  first divergence of the buggy port")

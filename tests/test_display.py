@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 import tracediff
-from tracediff._display import short_repr, shorten, summary_html
+from tracediff.display import short_repr, shorten, summary_html
 from tracediff.show import show_trace
 
 

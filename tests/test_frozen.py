@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from tracediff._frozen import frozen_builder
+from tracediff.trace.frozen import frozen_builder
 from tracediff.trace.model import TensorRecord
 
 

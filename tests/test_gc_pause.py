@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tracediff._gc import paused_gc
+from tracediff.cli.process import paused_gc
 from tracediff.errors import TraceFormatError
 from tracediff.show import show_trace
 from tracediff.trace.load import load_trace

@@ -1,9 +1,11 @@
 """The package's layers, read from the import statements of every module (module level and inside functions).
 
-cli -> demo -> render -> alignment / steps / show / replaying -> capturing -> trace -> the base
-(``format``, ``errors``, ``_io`` and the other private top-level modules), in that direction only:
-the core never imports the command line or a renderer. ``Alignment.to_html()`` reaches the renderer
-through the registry in ``tracediff._display``, which the render package fills.
+The folders draw the pipeline, and imports only go down it: cli -> demo -> render -> replaying / steps / show
+-> alignment -> compare / maps -> capturing -> trace -> files -> the base (``format``, ``errors``,
+``display``, ``_version``). The core never imports the command line or a renderer: ``Alignment.to_html()``
+reaches the renderer through the registry in ``tracediff.display``, which the render package fills. Inside
+``alignment``, pairing (which call and tensor pairs with which) and verdicts (what the measured rows mean)
+do not import each other.
 """
 
 from __future__ import annotations
@@ -17,22 +19,32 @@ import tracediff
 
 PACKAGE_ROOT = Path(tracediff.__file__).parent
 
-# Each layer and the layers it may import (besides itself). "base": errors, format, _version, _io, _display...
+# Each layer and the layers it may import (besides itself).
+_CORE_BELOW_ALIGNMENT = {"base", "files", "trace", "maps", "compare"}
 ALLOWED: dict[str, set[str]] = {
     "base": set(),
-    "trace": {"base"},
-    "capturing": {"base", "trace"},
-    "alignment": {"base", "trace"},
-    "show": {"base", "trace"},
-    "steps": {"base", "trace", "capturing"},
-    "replaying": {"base", "trace", "capturing", "alignment"},
-    "render": {"base", "trace", "capturing", "alignment", "show", "steps", "replaying"},
-    "demo": {"base", "trace", "capturing", "alignment", "render"},
-    "cli": {"base", "trace", "capturing", "alignment", "show", "steps", "replaying", "render", "demo"},
-    "entry": {"base", "trace", "capturing", "alignment", "show", "steps", "replaying", "cli"},
+    "files": {"base"},
+    "trace": {"base", "files"},
+    "capturing": {"base", "files", "trace"},
+    "maps": {"base", "files", "trace"},
+    "compare": {"base", "files", "trace"},
+    "alignment": _CORE_BELOW_ALIGNMENT,
+    "show": {"base", "files", "trace"},
+    "steps": {"base", "files", "trace", "capturing"},
+    "replaying": {*_CORE_BELOW_ALIGNMENT, "capturing", "alignment"},
+    "render": {*_CORE_BELOW_ALIGNMENT, "capturing", "alignment", "show", "steps", "replaying"},
+    "demo": {*_CORE_BELOW_ALIGNMENT, "capturing", "alignment", "render"},
+    "cli": {*_CORE_BELOW_ALIGNMENT, "capturing", "alignment", "show", "steps", "replaying", "render", "demo"},
+    "entry": {*_CORE_BELOW_ALIGNMENT, "capturing", "alignment", "show", "steps", "replaying", "cli"},
 }
-CORE = {"base", "trace", "capturing", "alignment", "show", "steps", "replaying"}
-BASE_MODULES = {"errors", "format"}  # and every private top-level module (_io, _display, _version...)
+CORE = {"base", "files", "trace", "capturing", "maps", "compare", "alignment", "show", "steps", "replaying"}
+BASE_MODULES = {"errors", "format", "display", "_version"}
+#: Inside alignment: what each part may import of the others (besides itself).
+ALIGNMENT_PARTS: dict[str, set[str]] = {
+    "pairing": {"result"},
+    "verdicts": {"result"},
+    "result": set(),
+}
 
 
 def module_name(path: Path) -> str:
@@ -45,7 +57,7 @@ def layer_of(module: str) -> str:
     if len(parts) == 1 or parts[1] == "__main__":
         return "entry"  # tracediff/__init__.py (lazy names) and python -m tracediff
     head = parts[1]
-    if head in BASE_MODULES or head.startswith("_"):
+    if head in BASE_MODULES:
         return "base"
     if head in ALLOWED:
         return head
@@ -127,3 +139,25 @@ def test_every_module_imports_under_its_own_name() -> None:
         if module in optional or module.endswith("__main__"):
             continue
         assert importlib.import_module(module).__name__ == module
+
+
+def _alignment_part(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[1] == "alignment" and parts[2] in ALIGNMENT_PARTS else None
+
+
+def test_pairing_and_verdicts_do_not_import_each_other() -> None:
+    for path in MODULES:
+        module = module_name(path)
+        part = _alignment_part(module)
+        if part is None:
+            continue
+        wrong = sorted(t for t in imports_of(path)
+                       if (other := _alignment_part(t)) not in (None, part) and other not in ALIGNMENT_PARTS[part])
+        assert not wrong, f"{module} ({part}) imports {wrong}"
+
+
+def test_no_private_grab_bag_modules_at_the_top() -> None:
+    """Every top-level module belongs to a stage or is one of the base's few named ones."""
+    top = {path.stem for path in PACKAGE_ROOT.glob("*.py")} - {"__init__", "__main__"}
+    assert top <= BASE_MODULES | {"show"}, sorted(top - BASE_MODULES - {"show"})

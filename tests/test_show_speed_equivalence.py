@@ -1,9 +1,9 @@
 """The fast paths of ``show_trace`` and ``render_tree`` give what the plain code they replaced gave.
 
 ``show.py`` builds ``TensorView``/``NodeView`` without their frozen ``__init__`` (through
-``tracediff._frozen.frozen_builder``) and reads tracediff's statistics at once; ``render_tree`` formats the statistics
-a column at a time with ``%.4g`` and skips ``printable``'s regex pass over plain ASCII. Each is checked here
-against the straightforward version, on statistics and names chosen to hit every branch.
+``tracediff.trace.frozen.frozen_builder``) and reads tracediff's statistics at once; ``render_tree`` formats
+the statistics a column at a time with ``%.4g`` and skips ``printable``'s regex pass over plain ASCII. Each is
+checked here against the straightforward version, on statistics and names chosen to hit every branch.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from tracediff._text import printable
 from tracediff.render.strict_json import strict_json_value
+from tracediff.render.text import printable
 from tracediff.render.tree import (
     _flag,
     _header,

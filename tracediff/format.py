@@ -379,3 +379,15 @@ def schema() -> dict[str, Any]:
     text = resources.files("tracediff").joinpath(SCHEMA_FILE).read_text(encoding="utf-8")
     loaded: dict[str, Any] = json.loads(text)
     return loaded
+
+
+_ADDRESS = re.compile(r"object at 0x[0-9A-Fa-f]+")
+
+
+def sanitize_repr(text: str) -> str:
+    """``text`` with every ``object at 0x...`` address masked as ``object at 0xXXXXXXXX``, so two traces diff.
+
+    The masking is part of the format (section 3: reprs are written with memory addresses masked); align
+    applies it again where it compares a repr with a typed value.
+    """
+    return _ADDRESS.sub("object at 0xXXXXXXXX", text)

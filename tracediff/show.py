@@ -29,10 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ._display import short_repr, summary_html
-from ._frozen import frozen_builder
-from ._gc import paused_gc
+from .display import short_repr, summary_html
 from .errors import UsageError
+from .trace.frozen import frozen_builder
 from .trace.load import Trace, load_trace
 from .trace.model import Node, ReprValue, TensorRecord
 
@@ -176,7 +175,6 @@ class TraceView:
         }
 
 
-@paused_gc()  # a view per call and tensor of a trace that may hold hundreds of thousands
 def show_trace(path_or_trace: str | Path | Trace, *, path: str | None = None, depth: int | None = None) -> TraceView:
     """The call tree of one trace, with shapes, dtypes and recorded statistics.
 

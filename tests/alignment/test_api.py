@@ -15,12 +15,12 @@ from tracediff.alignment.result import TABLE_COLUMNS, Alignment, TensorCompariso
 
 @pytest.fixture(scope="module")
 def buggy(traces: TraceStore) -> Alignment:
-    return tracediff.align(traces("ref"), traces("renamed-bug"), rename=RENAME_RULES)
+    return tracediff.align(traces("ref"), traces("renamed-bug"), map=RENAME_RULES)
 
 
 @pytest.fixture(scope="module")
 def clean(traces: TraceStore) -> Alignment:
-    return tracediff.align(traces("ref"), traces("renamed"), rename=RENAME_RULES)
+    return tracediff.align(traces("ref"), traces("renamed"), map=RENAME_RULES)
 
 
 # --- truth values -------------------------------------------------------------------------------------------
@@ -98,7 +98,7 @@ def test_repr_html_escapes_what_it_shows(buggy: Alignment) -> None:
 
 
 def test_to_html_goes_through_the_renderer_registry(clean: Alignment) -> None:
-    from tracediff._display import renderer_for
+    from tracediff.display import renderer_for
     from tracediff.render.html import render_html
 
     assert renderer_for(clean, "html")(clean) == render_html(clean)
@@ -116,15 +116,25 @@ def test_rename_accepts_the_map_file_object_and_its_path(traces: TraceStore, cle
     path.write_text(json.dumps(mapping), encoding="utf-8")
     tuples = [tuple(rule) for rule in RENAME_RULES]
     for spec in (mapping, path, str(path), tuples):
-        result = tracediff.align(traces("ref"), traces("renamed"), rename=spec)
+        result = tracediff.align(traces("ref"), traces("renamed"), map=spec)
         assert result.passed and len(result.rows) == len(clean.rows), type(spec)
+
+
+def test_rename_is_the_deprecated_name_of_map(traces: TraceStore, clean: Alignment) -> None:
+    with pytest.warns(DeprecationWarning, match=r"rename= is deprecated .* pass map="):
+        old = tracediff.align(traces("ref"), traces("renamed"), rename=RENAME_RULES)
+    assert old.passed and [r.to_dict() for r in old.rows] == [r.to_dict() for r in clean.rows]
+    with pytest.warns(DeprecationWarning):
+        assert tracediff.assert_traces_close(traces("ref"), traces("renamed"), rename=RENAME_RULES).passed
+    with pytest.raises(tracediff.UsageError, match="map= and rename= name the same thing; pass map= only"):
+        tracediff.align(traces("ref"), traces("renamed"), map=RENAME_RULES, rename=RENAME_RULES)
 
 
 def test_rename_refuses_anything_else(traces: TraceStore) -> None:
     with pytest.raises(tracediff.UsageError, match="rename: got int; expected a list"):
-        tracediff.align(traces("ref"), traces("renamed"), rename=3)  # type: ignore[arg-type]
+        tracediff.align(traces("ref"), traces("renamed"), map=3)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match='the "rename" entry is str'):
-        tracediff.align(traces("ref"), traces("renamed"), rename={"rename": "blocks"})
+        tracediff.align(traces("ref"), traces("renamed"), map={"rename": "blocks"})
 
 
 # --- errors -------------------------------------------------------------------------------------------------
@@ -185,8 +195,8 @@ def test_the_fast_row_builder_builds_the_same_frozen_row_as_the_class() -> None:
 
 def test_a_row_from_fields_puts_every_value_in_its_own_field() -> None:
     """``row_from_fields`` passes arguments by position: each field must get its own value, none swapped."""
-    from tracediff.alignment.compare import verdict_fields
     from tracediff.alignment.result import row_from_fields
+    from tracediff.compare.fields import verdict_fields
 
     metrics = {key: f"metric {key}" for key in verdict_fields("no_data", None, "")}  # every key a comparison fills
     who = dict(order=3, module_path_a="A.x", module_path_b="B.x", call_index=1, call_index_b=2, tensor="outputs",
@@ -212,13 +222,13 @@ def test_a_trace_named_twice_is_read_once(traces: TraceStore, monkeypatch: pytes
     same = tracediff.align(ref, Path(ref) / ".." / Path(ref).name, baseline=ref)  # one folder, spelled two ways
     assert same.passed and len(read) == 1
     read.clear()
-    other = tracediff.align(ref, traces("renamed"), rename=RENAME_RULES)
+    other = tracediff.align(ref, traces("renamed"), map=RENAME_RULES)
     assert other.passed and len(read) == 2
 
 
 def test_a_field_setter_sets_one_field_of_a_row_being_built() -> None:
-    from tracediff.alignment.compare import verdict_fields
     from tracediff.alignment.result import row_from_fields, setter
+    from tracediff.compare.fields import verdict_fields
 
     row = row_from_fields(0, "A.x", "B.x", 0, 0, "outputs", "outputs", (2,), (2,), "torch.float32",
                           "torch.float32", 1e-5, 1e-3, None, verdict_fields("no_data", None, ""))

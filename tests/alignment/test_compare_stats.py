@@ -10,8 +10,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tracediff.alignment.compare import compare_records, compare_stats
 from tracediff.capturing.stats import tensor_stats
+from tracediff.compare.records import compare_records, compare_stats
 from tracediff.trace.load import parse_scalar
 from tracediff.trace.model import TensorRecord
 

@@ -9,14 +9,8 @@ import pytest
 
 from tests.alignment.helpers import RENAME_RULES, TraceStore
 from tracediff import TraceFormatError, Unmatched, UsageError, align, load_trace
-from tracediff.alignment.matching import (
-    apply_rename,
-    check_rename,
-    load_rename_file,
-    match_nodes,
-    pair_tensors,
-    suggest_rename,
-)
+from tracediff.alignment.pairing.calls import match_nodes, pair_tensors, suggest_rename
+from tracediff.maps.rules import apply_rename, check_rename, load_rename_file
 
 
 def _pair(traces: TraceStore, a: str, b: str, path: str) -> tuple:
@@ -134,6 +128,6 @@ def test_missing_rename_file(tmp_path: Path) -> None:
 
 def test_library_rename_is_checked(traces: TraceStore) -> None:
     with pytest.raises(UsageError) as e:
-        align(traces("ref"), traces("renamed"), rename=[("[", "x")])
+        align(traces("ref"), traces("renamed"), map=[("[", "x")])
     assert str(e.value) == "rename: rule 0 regex '[' does not compile (unterminated character set at position 0)"
     assert check_rename(None) == []

@@ -103,7 +103,7 @@ def _rows(result: Any, how: str) -> list[tuple[str, str, str, str | None]]:
 
 
 def test_fused_qkv_and_gate_up_pair_by_layout_with_gqa_sizes(ports: dict[str, Path]) -> None:
-    result = align(ports["research"], ports["llama"], rename=RESEARCH_MAP)
+    result = align(ports["research"], ports["llama"], map=RESEARCH_MAP)
     assert result.passed and not result.structural and result.to_dict()["matching"] == "by name"
     layout = [row for row in _rows(result, "layout") if row[0].startswith("blocks.0") and row[3]]
     assert layout == [
@@ -125,7 +125,7 @@ def test_fused_qkv_and_gate_up_pair_by_layout_with_gqa_sizes(ports: dict[str, Pa
 
 
 def test_rotary_theta_bug_is_found_at_the_rotary_tables_inside_the_first_attention(ports: dict[str, Path]) -> None:
-    result = align(ports["research"], ports["llama-theta-bug"], rename=RESEARCH_MAP)
+    result = align(ports["research"], ports["llama-theta-bug"], map=RESEARCH_MAP)
     first = result.first_divergence
     assert first is not None
     assert (first.module_path_a, first.module_path_b, first.tensor, first.origin) == (
@@ -135,7 +135,7 @@ def test_rotary_theta_bug_is_found_at_the_rotary_tables_inside_the_first_attenti
 
 
 def test_tensor_output_pairs_with_the_first_element_or_main_field(ports: dict[str, Path]) -> None:
-    result = align(ports["research"], ports["llama"], rename=RESEARCH_MAP)
+    result = align(ports["research"], ports["llama"], map=RESEARCH_MAP)
     pairs = {(r.module_path_b, r.tensor_a, r.tensor) for r in result.rows}
     assert ("LlamaModel.layers.0.self_attn", "outputs", "outputs.0") in pairs  # tensor vs (out, weights)
     assert ("LlamaModel", "outputs", "outputs.last_hidden_state") in pairs  # tensor vs ModelOutput
@@ -175,7 +175,7 @@ def test_without_a_map_structure_and_layout_pair_the_rest_and_the_suggestion_is_
         (r"^(layers\.\d+\.mlp\.)act(?=\.|$)", r"\1act_fn"),
         (r"^(layers\.\d+\.mlp\.)down(?=\.|$)", r"\1down_proj"),
     ]
-    again = align(ports["research"], ports["llama"], rename=[list(r) for r in result.suggested_rename])
+    again = align(ports["research"], ports["llama"], map=[list(r) for r in result.suggested_rename])
     assert again.warnings == () and {r.matched_by for r in again.rows} == {"name", "map", "layout"}
     assert [(r.module_path_a, r.module_path_b, r.tensor) for r in again.rows] == \
         [(r.module_path_a, r.module_path_b, r.tensor) for r in result.rows]
@@ -188,7 +188,7 @@ def test_extra_wrapper_level_gives_one_rule(ports: dict[str, Path]) -> None:
     assert [(u.module_path, u.tensor) for u in result.unmatched_a] == [("Wrapped.backbone", None)]
     root = next(r for r in result.rows if r.module_path_b == "LlamaModel" and r.tensor.startswith("outputs"))
     assert (root.tensor_a, root.tensor, root.status) == ("outputs", "outputs.last_hidden_state", "identical")
-    by_map = align(ports["wrapped"], ports["llama"], rename=[list(r) for r in result.suggested_rename])
+    by_map = align(ports["wrapped"], ports["llama"], map=[list(r) for r in result.suggested_rename])
     assert not by_map.structural and by_map.suggested_rename == () and by_map.passed
     assert {r.matched_by for r in by_map.rows} == {"name", "map"}
 
@@ -258,7 +258,7 @@ def test_match_modes(ports: dict[str, Path]) -> None:
     named = align(ports["research"], ports["llama"], match="name")
     assert {r.matched_by for r in named.rows} == {"name"} and named.matched_nodes == 2
     assert named.to_dict()["matching"] == "by name"
-    structure = align(ports["research"], ports["llama"], rename=RESEARCH_MAP, match="structure")
+    structure = align(ports["research"], ports["llama"], map=RESEARCH_MAP, match="structure")
     assert structure.to_dict()["matching"] == "structural"
     assert {r.matched_by for r in structure.rows} <= {"name", "structure", "layout"}
     with pytest.raises(UsageError) as e:

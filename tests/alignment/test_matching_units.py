@@ -8,12 +8,11 @@ import pytest
 import torch
 
 from tracediff import UsageError
-from tracediff.alignment.layout import Transform, _candidates
-from tracediff.alignment.matching import apply_rename
+from tracediff.alignment.pairing.layout import Transform, _candidates
+from tracediff.alignment.pairing.unrecorded import collapse_paths, mark_unrecorded_origin
 from tracediff.alignment.result import TensorComparison
-from tracediff.alignment.slots import slot_rules
-from tracediff.alignment.suggest import _rule
-from tracediff.alignment.unrecorded import collapse_paths, mark_unrecorded_origin
+from tracediff.maps.rules import apply_rename, slot_rules
+from tracediff.maps.suggest import _rule
 
 
 @pytest.mark.parametrize("a, b, rule", [

@@ -14,9 +14,9 @@ import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from tracediff.alignment import metrics
-from tracediff.alignment.metrics import compare_tensors
-from tracediff.alignment.scaled import ScaledSum, scale_down
+from tracediff.compare import metrics
+from tracediff.compare.metrics import compare_tensors
+from tracediff.compare.scaled import ScaledSum, scale_down
 
 F64 = torch.float64
 WIDE = settings(max_examples=60, deadline=None)

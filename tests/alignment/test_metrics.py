@@ -1,4 +1,4 @@
-"""The metrics of ``tracediff.alignment.metrics`` against numpy references written from its docstring.
+"""The metrics of ``tracediff.compare.metrics`` against numpy references written from its docstring.
 
 Every reference below is the docstring's definition, computed in float64
 over the values both tensors hold (after rounding to their dtypes). Sums of
@@ -17,8 +17,8 @@ import torch
 from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
-from tracediff.alignment import metrics
-from tracediff.alignment.metrics import METRICS, compare_tensors
+from tracediff.compare import metrics
+from tracediff.compare.metrics import METRICS, compare_tensors
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64]
 SPECIALS = [math.nan, math.inf, -math.inf, 0.0, -0.0]

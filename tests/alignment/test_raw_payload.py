@@ -11,10 +11,10 @@ from safetensors.torch import save_file
 
 import tracediff
 from tests.alignment.helpers import INPUT_IDS, llama
-from tracediff.alignment import metrics as metrics_module
-from tracediff.alignment import raw_payload
-from tracediff.alignment.metrics import compare_tensors
-from tracediff.alignment.raw_payload import same_bytes
+from tracediff.compare import metrics as metrics_module
+from tracediff.compare import raw_payload
+from tracediff.compare.metrics import compare_tensors
+from tracediff.compare.raw_payload import same_bytes
 from tracediff.trace.load import Trace
 
 

@@ -102,7 +102,7 @@ def test_assert_traces_close_names_the_first_divergence(traces: TraceStore, bugg
 def test_assert_traces_close_passes_the_options_on(traces: TraceStore) -> None:
     result = assert_traces_close(traces("llama"), traces("llama-up-bug"), atol=1.0, rtol=1.0)
     assert isinstance(result, Alignment) and result.passed
-    assert_traces_close(traces("ref"), traces("renamed"), rename=[["^embed$", "proj_in"]])
+    assert_traces_close(traces("ref"), traces("renamed"), map=[["^embed$", "proj_in"]])
 
 
 def test_assert_traces_close_on_renamed_paths_names_both(traces: TraceStore) -> None:

@@ -15,9 +15,9 @@ import torch
 import tracediff
 from tests.alignment.helpers import RENAME_RULES, TraceStore, copy_trace, edit_json, json_node, trace_json_path
 from tracediff import Alignment, Unmatched, align, load_trace
-from tracediff.alignment.metrics import compare_tensors
 from tracediff.alignment.result import TensorComparison
-from tracediff.alignment.tolerance import default_tolerance
+from tracediff.compare.metrics import compare_tensors
+from tracediff.compare.tolerance import default_tolerance
 from tracediff.trace.load import parse_scalar
 
 
@@ -129,7 +129,7 @@ def test_renamed_modules_without_a_map_match_by_structure(traces: TraceStore) ->
 def test_suggested_rename_rules_match_by_name_when_passed_back(traces: TraceStore) -> None:
     structural = align(traces("ref"), traces("renamed"))
     rules = [list(rule) for rule in structural.suggested_rename]
-    by_name = align(traces("ref"), traces("renamed"), rename=rules)
+    by_name = align(traces("ref"), traces("renamed"), map=rules)
     assert not by_name.structural and by_name.suggested_rename == ()
     assert by_name.matched_nodes == structural.matched_nodes == len(load_trace(traces("renamed")).nodes())
     assert [(r.module_path_a, r.module_path_b, r.tensor) for r in by_name.rows] == \
@@ -137,10 +137,10 @@ def test_suggested_rename_rules_match_by_name_when_passed_back(traces: TraceStor
 
 
 def test_renamed_modules_with_a_map(traces: TraceStore) -> None:
-    result = align(traces("ref"), traces("renamed"), rename=RENAME_RULES)
+    result = align(traces("ref"), traces("renamed"), map=RENAME_RULES)
     assert result.passed and not result.structural and result.warnings == ()
     assert result.unmatched_a == () and result.unmatched_b == ()
-    buggy = align(traces("ref"), traces("renamed-bug"), rename=RENAME_RULES)
+    buggy = align(traces("ref"), traces("renamed-bug"), map=RENAME_RULES)
     first = _assert_first_divergence(buggy, "RenamedPort.blocks.1.up")
     assert first.module_path_a == "RefModel.layers.1.fc1"
 
@@ -155,7 +155,7 @@ def test_renamed_bug_is_found_by_structure_too(traces: TraceStore) -> None:
 def test_a_partial_map_is_kept_and_structure_pairs_the_rest(traces: TraceStore) -> None:
     """Enough names line up through the map; structure pairs only what the map left, never replacing it."""
     rules = [r for r in RENAME_RULES if r[1] != ".relu"]
-    result = align(traces("ref"), traces("renamed"), rename=rules)
+    result = align(traces("ref"), traces("renamed"), map=rules)
     assert not result.structural and result.passed
     assert result.unmatched_a == () and result.unmatched_b == ()
     how = {(r.module_path_a, r.module_path_b): r.matched_by for r in result.rows}
@@ -163,7 +163,7 @@ def test_a_partial_map_is_kept_and_structure_pairs_the_rest(traces: TraceStore) 
         {(f"RefModel.layers.{i}.act", f"RenamedPort.blocks.{i}.relu") for i in range(3)}
     assert how[("RefModel.layers.1.fc1", "RenamedPort.blocks.1.up")] == "map"
     assert how[("RefModel", "RenamedPort")] == "name"
-    named = align(traces("ref"), traces("renamed"), rename=rules, match="name")
+    named = align(traces("ref"), traces("renamed"), map=rules, match="name")
     assert {u.module_path for u in named.unmatched_a} == {f"RefModel.layers.{i}.act" for i in range(3)}
     assert {u.module_path for u in named.unmatched_b} == {f"RenamedPort.blocks.{i}.relu" for i in range(3)}
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tracediff import UsageError
-from tracediff.alignment.tolerance import TolerancePolicy, default_tolerance, parse_cli_tolerances
+from tracediff.compare.tolerance import TolerancePolicy, default_tolerance, parse_cli_tolerances
 
 # (rtol, atol) of the table in tracediff/alignment/tolerance.py
 TABLE = {

@@ -21,13 +21,14 @@ from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 from safetensors.torch import save_file
 
-from tracediff import _io
-from tracediff._io import json_text, write_json, write_json_pair, write_tensor_file
-from tracediff._json_text import json_text_pair
 from tracediff.capturing import stats as stats_module
 from tracediff.capturing._tree import without_values
 from tracediff.capturing.stats import StatsBuffers, tensor_stats
 from tracediff.errors import OutputDirError
+from tracediff.files import atomic
+from tracediff.files.atomic import write_json, write_json_pair
+from tracediff.files.json_text import json_text, json_text_pair
+from tracediff.files.payloads import write_tensor_file
 
 scalars = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=True, allow_infinity=True), st.text())
 keys = st.one_of(st.text(), st.integers(), st.floats(), st.booleans(), st.none())
@@ -131,7 +132,7 @@ def test_payload_is_complete_when_the_os_writes_a_few_bytes_at_a_time(
         calls.append(len(data))
         return real_write(fd, bytes(memoryview(data)[:7]))
 
-    monkeypatch.setattr(_io, "_HAS_WRITEV", False)
+    monkeypatch.setattr(atomic, "_HAS_WRITEV", False)
     monkeypatch.setattr(os, "write", dribble)
     tensor = torch.randn(10, 3, generator=torch.Generator().manual_seed(1))
     write_tensor_file(tmp_path / "t.safetensors", tensor)
@@ -142,7 +143,7 @@ def test_payload_is_complete_when_the_os_writes_a_few_bytes_at_a_time(
 
 
 def test_a_write_that_makes_no_progress_is_an_output_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_io, "_HAS_WRITEV", False)
+    monkeypatch.setattr(atomic, "_HAS_WRITEV", False)
     monkeypatch.setattr(os, "write", lambda fd, data: 0)
     with pytest.raises(OutputDirError, match="t.safetensors: could not write payload"):
         write_tensor_file(tmp_path / "t.safetensors", torch.ones(3))

@@ -16,10 +16,10 @@ from torch import nn
 import tracediff
 from tests.capturing.helpers import DiskFillsUp, files, find, metadata, payload, trace_json
 from tests.models import SharedLoop, seeded, tiny_llama, toy_input
-from tracediff._io import read_tensor_file, write_tensor_file
 from tracediff.capturing import pipeline as pipeline_module
 from tracediff.capturing.pipeline import HostPool, PayloadPipeline
 from tracediff.errors import OutputDirError, UsageError
+from tracediff.files.payloads import read_tensor_file, write_tensor_file
 
 
 def _capture(model: nn.Module, inputs: dict[str, torch.Tensor], out: Path, **options: object) -> object:

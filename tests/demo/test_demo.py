@@ -9,11 +9,11 @@ import pytest
 import torch
 
 import tracediff
-from tracediff.alignment.matching import apply_rename
 from tracediff.cli.main import main
 from tracediff.demo import BUG_MODULE, RENAME_RULES, DemoResult, run_demo
 from tracediff.demo.models import build_reference, example_tokens, port_from_reference
 from tracediff.errors import OutputDirError
+from tracediff.maps.rules import apply_rename
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +53,7 @@ def test_demo_folder_holds_traces_map_and_report(demo: DemoResult) -> None:
     text = demo.report.read_text(encoding="utf-8")
     assert text.startswith("<!doctype html>") and demo.bug_module in text
     again = tracediff.align(demo.reference_trace, demo.port_trace,
-                            rename=[tuple(rule) for rule in json.loads(demo.rename_map.read_text())["rename"]])
+                            map=[tuple(rule) for rule in json.loads(demo.rename_map.read_text())["rename"]])
     assert again.first_divergence is not None and again.first_divergence.module_path_b == demo.bug_module
 
 

@@ -195,7 +195,7 @@ def test_each_name_of_the_file_format_is_defined_once_in_tracediff_format() -> N
 
 def test_summary_text_drops_value_from_tensor_entries_only_on_both_json_paths() -> None:
     from tests.format.conformance import without_tensor_values
-    from tracediff._json_text import json_text, json_text_pair
+    from tracediff.files.json_text import json_text, json_text_pair
 
     tensor = {"shape": "torch.Size([2])", "dtype": "torch.float32", "value": "./a.safetensors", "stats": {"numel": 2}}
     tree = {"module_path": "M", "inputs": {"kwargs": {"value": tensor, "other": {"value": {"py_type": "int",

@@ -114,8 +114,8 @@ def test_core_imports_no_renderer_and_no_matplotlib() -> None:
     import ast
 
     package = Path(__file__).resolve().parents[2] / "tracediff"
-    files = [*sorted((package / "alignment").glob("*.py")), package / "show.py",
-             *sorted((package / "demo").glob("*.py"))]
+    files = [*(path for stage in ("alignment", "compare", "maps") for path in sorted((package / stage).rglob("*.py"))),
+             package / "show.py", *sorted((package / "demo").glob("*.py"))]
     offending = []
     for file in files:
         for node in ast.parse(file.read_text(encoding="utf-8")).body:  # top level only: lazy imports are fine

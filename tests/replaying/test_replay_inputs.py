@@ -95,7 +95,7 @@ def test_rename_rules_match_a_port_with_other_module_names(capture_ref):  # type
     port.add_module("layers", port.blocks)
     del port.blocks
     port.forward = lambda x: port.head(port.layers[2](port.layers[1](port.layers[0](port.embed(x)))))  # type: ignore[method-assign]
-    result = tracediff.replay(port, ref, rename=[(r"^blocks\.", "layers.")])
+    result = tracediff.replay(port, ref, map=[(r"^blocks\.", "layers.")])
     assert result.passed and not result.skipped
     assert "Net.layers.1.fc" in {c.module_path_b for c in result.modules}
 

@@ -238,7 +238,7 @@ def test_traces_and_reports_are_written_0644_under_umask_022(tmp_path: Path, sma
 
 
 def test_a_planted_temporary_file_link_is_never_followed(tmp_path: Path) -> None:
-    from tracediff._io import write_tensor_file
+    from tracediff.files.payloads import write_tensor_file
 
     victim = tmp_path / "victim"
     victim.write_text("precious")

@@ -82,7 +82,7 @@ class _Left(Exception):
 
 
 def _watch_exits(monkeypatch: pytest.MonkeyPatch) -> None:
-    from tracediff.cli import main as cli_main
+    from tracediff.cli import process
 
     def fast(code: int) -> None:
         raise _Left("os._exit", code)
@@ -90,24 +90,24 @@ def _watch_exits(monkeypatch: pytest.MonkeyPatch) -> None:
     def usual(code: int) -> None:
         raise _Left("sys.exit", code)
 
-    monkeypatch.setattr(cli_main.os, "_exit", fast)
-    monkeypatch.setattr(cli_main.sys, "exit", usual)
+    monkeypatch.setattr(process.os, "_exit", fast)
+    monkeypatch.setattr(process.sys, "exit", usual)
 
 
 def test_the_command_line_ends_at_once_when_nothing_else_runs(monkeypatch: pytest.MonkeyPatch) -> None:
-    from tracediff.cli import main as cli_main
+    from tracediff.cli import process
 
     _watch_exits(monkeypatch)
-    monkeypatch.setattr(cli_main.threading, "active_count", lambda: 1)  # whatever threads the test runner keeps
+    monkeypatch.setattr(process.threading, "active_count", lambda: 1)  # whatever threads the test runner keeps
     with pytest.raises(_Left) as left:
-        cli_main._leave(1)
+        process.leave(1)
     assert (left.value.how, left.value.code) == ("os._exit", 1)
 
 
 def test_the_command_line_exits_the_usual_way_while_a_thread_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     import threading
 
-    from tracediff.cli.main import _leave
+    from tracediff.cli.process import leave
 
     _watch_exits(monkeypatch)
     release = threading.Event()
@@ -115,7 +115,7 @@ def test_the_command_line_exits_the_usual_way_while_a_thread_runs(monkeypatch: p
     worker.start()
     try:
         with pytest.raises(_Left) as left:
-            _leave(0)
+            leave(0)
     finally:
         release.set()
         worker.join()
@@ -138,12 +138,13 @@ def test_only_commands_that_run_no_code_of_the_users_skip_the_teardown(
         capsys: pytest.CaptureFixture[str]) -> None:
     """An ``atexit`` handler of the user's model (capture, replay) must still run: those exit the usual way."""
     from tracediff.cli import main as cli_main
+    from tracediff.cli import process
 
     commands = next(a for a in build_parser()._actions if a.dest == "command").choices  # type: ignore[union-attr]
     assert {name for name, p in commands.items() if p.get_default("skip_teardown")} == \
         {"show", "align", "steps", "plot"}
     _watch_exits(monkeypatch)
-    monkeypatch.setattr(cli_main.threading, "active_count", lambda: 1)
+    monkeypatch.setattr(process.threading, "active_count", lambda: 1)
     assert gc.isenabled()
     for argv, how, code in ((["show", str(small_trace), "--depth", "0"], "os._exit", 0),
                             (["replay", str(tmp_path / "missing"), "model.py:build"], "sys.exit", 2)):

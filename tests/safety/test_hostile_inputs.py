@@ -14,9 +14,9 @@ from torch import nn
 
 import tracediff
 from tests.safety.helpers import cli
-from tracediff.alignment.arguments import _describe
-from tracediff.alignment.matching import apply_rename, check_rename
+from tracediff.alignment.verdicts.arguments import _describe
 from tracediff.errors import UsageError
+from tracediff.maps.rules import apply_rename, check_rename
 from tracediff.steps import StepRecorder
 
 

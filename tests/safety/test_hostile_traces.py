@@ -139,7 +139,7 @@ def test_a_value_that_is_not_a_path_is_said_in_the_row(b: Path, small_trace: Pat
 def test_a_payload_whose_dtype_differs_from_the_trace_is_said_in_the_row(b: Path, small_trace: Path) -> None:
     import torch
 
-    from tracediff._io import write_tensor_file
+    from tracediff.files.payloads import write_tensor_file
 
     entry = _payload_entries(json.loads(tree_file(b).read_text()))[0]
     payload = b / entry["value"]

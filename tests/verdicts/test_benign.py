@@ -9,8 +9,8 @@ import torch
 from torch import nn
 
 import tracediff
-from tracediff.alignment.benign import prepare_pair, squeezable
-from tracediff.alignment.compare_payloads import _compare_exact
+from tracediff.compare.benign import prepare_pair, squeezable
+from tracediff.compare.payloads import _compare_exact
 
 F32_MIN, BF16_MIN = torch.finfo(torch.float32).min, torch.finfo(torch.bfloat16).min
 

@@ -1,7 +1,7 @@
 """Align: compare two traces and report where they first diverge.
 
-See :mod:`tracediff.alignment.engine` for a tour, :mod:`tracediff.alignment.metrics`
-for the metric definitions and :mod:`tracediff.alignment.tolerance` for the pass
+See :mod:`tracediff.alignment.engine` for a tour, :mod:`tracediff.compare.metrics`
+for the metric definitions and :mod:`tracediff.compare.tolerance` for the pass
 rule's defaults and overrides.
 """
 
@@ -15,7 +15,7 @@ _FROM_METRICS = ("METRICS", "PairMetrics", "compare_tensors")  # import torch: l
 
 def __getattr__(name: str) -> Any:
     if name in _FROM_METRICS:
-        from . import metrics
+        from ..compare import metrics
 
         return getattr(metrics, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

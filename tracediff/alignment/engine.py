@@ -13,16 +13,16 @@ A short tour::
 
 1. Both traces are loaded (:func:`tracediff.load_trace`); payloads stay on disk.
 2. Nodes are matched by path and call index, with rename rules, or by
-   structure when names do not line up (:mod:`tracediff.alignment.matching`).
+   structure when names do not line up (:mod:`tracediff.alignment.pairing.plan.calls`).
 3. Each matched tensor pair is compared, one pair in memory at a time, from
    payloads when both sides have them and from recorded statistics otherwise
    (rows marked ``approximate``), under the tolerance of
-   :mod:`tracediff.alignment.tolerance`.
+   :mod:`tracediff.compare.tolerance`.
 4. Rows are ordered by B's execution order; the first row out of tolerance is
    the first divergence. With ``baseline=`` each row is also judged against
    its noise floor; ``sources`` lists every row where error is introduced
    rather than inherited, and ``origin`` says which (see
-   :mod:`tracediff.alignment.verdicts`).
+   :mod:`tracediff.alignment.verdicts.apply`).
 5. Non-tensor arguments that differ between matched nodes are reported too.
 
 A payload that cannot be read marks its row ``unreadable`` and the rest of the
@@ -41,22 +41,20 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from .._gc import paused_gc
+from ..compare.records import compare_records
+from ..compare.tolerance import Tolerance, TolerancePolicy
 from ..errors import UsageError
+from ..maps.rules import _UNSET, MapSpec, map_argument, read_map
 from ..trace.load import Trace, load_trace
 from ..trace.model import Node, TensorRecord
-from .arguments import diff_arguments
-from .compare import compare_records
-from .noise import DEFAULT_NOISE_FACTOR
 from .ops import annotate_op_rows, pair_ops
-from .pairing import Job, plan_pairs
-from .rename_map import RenameSpec, rename_rules
+from .pairing.plan import Job, plan_pairs
+from .pairing.unrecorded import carry_origin, mark_unrecorded_origin
 from .result import Alignment, TensorComparison, row_from_fields, setter
-from .slots import slot_rules
-from .sources import role
-from .tolerance import Tolerance, TolerancePolicy
-from .unrecorded import carry_origin, mark_unrecorded_origin
-from .verdicts import check_ignore, judge
+from .verdicts.apply import check_ignore, judge
+from .verdicts.arguments import diff_arguments
+from .verdicts.noise import DEFAULT_NOISE_FACTOR
+from .verdicts.sources import role
 
 TraceLike = str | Path | Trace
 _set_input_err, _set_amplification, _set_origin = setter("input_err"), setter("amplification"), setter("origin")
@@ -84,20 +82,20 @@ def _load_sides(a: TraceLike, b: TraceLike, baseline: TraceLike | None) -> tuple
     return get(a), get(b), (get(baseline) if baseline is not None else None)
 
 
-@paused_gc()  # a row per tensor, nodes per call: nothing here is garbage worth scanning for
 def align(
     a: TraceLike,
     b: TraceLike,
     *,
     atol: Tolerance = None,
     rtol: Tolerance = None,
-    rename: RenameSpec = None,
+    map: MapSpec = None,
     progress: bool = False,
     baseline: TraceLike | None = None,
     noise_factor: float = DEFAULT_NOISE_FACTOR,
     ignore: Iterable[str] | str | None = None,
     match: str = "auto",
     allow_incomplete: bool = False,
+    rename: MapSpec = _UNSET,
 ) -> Alignment:
     """Compare trace ``b`` against the reference trace ``a``.
 
@@ -108,31 +106,33 @@ def align(
         atol: absolute tolerance: a number, or ``{"*": 1e-5, "layers.*.mlp": 1e-4}``
             per module-path pattern. Default: torch.testing's for the pair's dtype.
         rtol: relative tolerance, in the same forms.
-        rename: ``[(regex, replacement), ...]`` applied in order to A's paths
-            (root component removed) before matching by name; also the
-            ``{"rename": [...]}`` object a ``--map`` file holds (other keys are
-            ignored here), or the path of such a JSON file. Default: no rules.
+        map: the rename map (the command line's ``--map``): rename rules
+            ``[(regex, replacement), ...]`` applied in order to A's paths (root
+            component removed) before matching by name; or the object a map
+            file holds, ``{"rename": [...], "slots": [...]}``; or the path of
+            such a JSON file (see :mod:`tracediff.maps.rules`). Default: no rules.
         progress: show a progress bar on stderr (only when it is a terminal).
         baseline: the reference run under B's conditions (B's dtype, device,
             kernels), in the same forms as ``a``. Each row's error is then
             also judged against the noise floor, A vs the baseline (see
-            :mod:`tracediff.alignment.noise`). Default: none.
+            :mod:`tracediff.alignment.verdicts.noise`). Default: none.
         noise_factor: a row is within tolerance when its error is at most
             this many times its noise floor; also the growth that makes a row
             a source. Default 3.
         ignore: ``PATH``, ``PATH:SLOT`` or ``:SLOT`` globs (one or a list):
             matching rows are compared but set aside in ``Alignment.ignored``
-            and never fail the verdict (see :mod:`tracediff.alignment.verdicts`).
+            and never fail the verdict (see :mod:`tracediff.alignment.verdicts.apply`).
         match: ``"auto"`` (default: names and the rename map first, then
             structure for the calls still unpaired, then layouts), ``"name"``
             (names and the map only) or ``"structure"`` (ignore names); see
-            :mod:`tracediff.alignment.matching`. A map's ``slots`` rules rename
-            tensor slots (:mod:`tracediff.alignment.slots`).
+            :mod:`tracediff.alignment.pairing.plan.calls`. A map's ``slots`` rules rename
+            tensor slots (:mod:`tracediff.alignment.pairing.slots`).
         allow_incomplete: when a trace is incomplete (its forward raised, its
             capture was interrupted or its process died), the comparison ends
             where that trace ends, so by default the alignment does not pass
             (``incomplete_a``/``incomplete_b`` say why). ``True`` judges only
             the tensors both traces hold. Default False.
+        rename: the name of ``map`` until 0.2; deprecated (``DeprecationWarning``), removed in 0.4.
 
     Returns:
         An ``Alignment``: truthy when every compared tensor is within tolerance.
@@ -141,9 +141,10 @@ def align(
         raise UsageError(f"noise_factor={noise_factor!r}: expected a number >= 1")
     ignore_rules = check_ignore(ignore)
     trace_a, trace_b, trace_n = _load_sides(a, b, baseline)
-    rules = rename_rules(rename)
+    rename_map = read_map(map_argument(map, rename))
+    rules = list(rename_map.rename)
     policy = TolerancePolicy(atol=atol, rtol=rtol)
-    plan = plan_pairs(trace_a, trace_b, rules, match=match, slots=slot_rules(rename))  # calls, tensors, layouts
+    plan = plan_pairs(trace_a, trace_b, rules, match=match, slots=list(rename_map.slots))  # calls, tensors, layouts
     matching = plan.matching
     jobs, unmatched_a, unmatched_b = list(plan.jobs), list(plan.unmatched_a), list(plan.unmatched_b)
     op_pairing = pair_ops(trace_a, trace_b, matching.pairs, policy)  # op nodes, inside matched calls
@@ -310,20 +311,21 @@ def assert_traces_close(
     *,
     atol: Tolerance = None,
     rtol: Tolerance = None,
-    rename: RenameSpec = None,
+    map: MapSpec = None,
     baseline: TraceLike | None = None,
     noise_factor: float = DEFAULT_NOISE_FACTOR,
     ignore: Iterable[str] | str | None = None,
     match: str = "auto",
+    rename: MapSpec = _UNSET,
 ) -> Alignment:
     """Raise ``AssertionError`` naming the first divergence unless every tensor pair is within tolerance.
 
     The message also names the largest source (the row with the largest
-    growth among ``Alignment.sources``). Options are those of :func:`align`.
+    growth among ``Alignment.sources``). Options are those of :func:`align` (``rename=`` is deprecated there too).
     Returns the ``Alignment`` when it passes, for further checks.
     """
-    result = align(a, b, atol=atol, rtol=rtol, rename=rename, baseline=baseline, noise_factor=noise_factor,
-                   ignore=ignore, match=match)
+    result = align(a, b, atol=atol, rtol=rtol, map=map_argument(map, rename), baseline=baseline,
+                   noise_factor=noise_factor, ignore=ignore, match=match)
     if result.passed:
         return result
     first = result.first_divergence

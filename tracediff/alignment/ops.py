@@ -38,14 +38,14 @@ from dataclasses import dataclass, field, replace
 from difflib import SequenceMatcher
 from itertools import pairwise
 
+from ..compare.records import compare_records
+from ..compare.shapes import squeezable
+from ..compare.tolerance import TolerancePolicy
 from ..trace.load import Trace
 from ..trace.model import Node, TensorRecord
-from .arguments import diff_arguments
-from .compare import compare_records
-from .matching import pair_tensors
+from .pairing.calls import pair_tensors
 from .result import ArgumentDiff, TensorComparison, Unmatched
-from .shapes import squeezable
-from .tolerance import TolerancePolicy
+from .verdicts.arguments import diff_arguments
 
 Job = tuple[Node, TensorRecord, Node, TensorRecord]
 #: At most this many payload comparisons when pairing one stretch by value (two unrelated op sequences

@@ -12,7 +12,7 @@ tensor                 slot in B: ``inputs.args.0``, ``inputs.kwargs.x``,
                        (``tensor_a``: the slot in A when it differs)
 tensor_b               the same as ``tensor``, named symmetrically
 shape_a/_b, dtype_a/_b as recorded
-max_abs_err ...        see :mod:`tracediff.alignment.metrics`
+max_abs_err ...        see :mod:`tracediff.compare.metrics`
 atol, rtol             the tolerance applied to this pair
 required_atol/_rtol    the smallest atol (rtol=0) / rtol (atol=0) that passes
 within_tolerance       True, False, or None when it could not be decided
@@ -24,7 +24,7 @@ input_err              largest max_abs_err among the module's input rows
 amplification          max_abs_err / input_err for output rows (inf when the
                        inputs were identical and the output is not)
 origin                 for rows out of tolerance, decided by growth (see
-                       :mod:`tracediff.alignment.sources`): ``introduced``
+                       :mod:`tracediff.alignment.verdicts.sources`): ``introduced``
                        (a source among a call's outputs: the module's own
                        code), ``between modules`` (a source among a call's
                        inputs: the caller's code between its submodule
@@ -33,7 +33,7 @@ origin                 for rows out of tolerance, decided by growth (see
                        error flowed in). In backward rows what flows in is
                        ``grad_outputs`` and what flows out ``grad_inputs``
 noise_floor            with a baseline: max_abs_err between A and the
-                       baseline (see :mod:`tracediff.alignment.noise`)
+                       baseline (see :mod:`tracediff.alignment.verdicts.noise`)
 noise_ratio            max_abs_err / noise_floor (None: zero or no floor)
 growth                 this row's error beyond noise over what flowed into
                        it (``Alignment.sources``: the rows where error is
@@ -51,8 +51,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import pandas as pd
 
-from .._display import renderer_for, short_repr, summary_html
-from .._frozen import frozen_builder
+from ..display import renderer_for, short_repr, summary_html
+from ..trace.frozen import frozen_builder
 
 FORMAT_VERSION = 1
 
@@ -316,7 +316,7 @@ class Alignment:
 
         The same as ``tracediff.render.html.render_html(result)``: the renderer is
         looked up in the registry that :mod:`tracediff.render` fills (see
-        :func:`tracediff._display.renderer_for`), so this module imports no renderer.
+        :func:`tracediff.display.renderer_for`), so this module imports no renderer.
         """
         return renderer_for(self, "html")(self)
 

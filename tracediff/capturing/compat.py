@@ -34,8 +34,9 @@ import torch
 from torch import nn
 
 from .. import format as fmt
-from .._io import write_json, write_tensor_file
-from .._repr import sanitize_repr as sanitize_repr  # re-exported: encode.py and older code import it here
+from ..files.atomic import write_json
+from ..files.payloads import write_tensor_file
+from ..format import sanitize_repr as sanitize_repr  # re-exported: encode.py and older code import it here
 from ._patch import ForwardPatch, print_options
 from ._tree import drop_parent_outputs, prune_intermediate_layers, without_values
 from .distributed import current_rank

@@ -30,7 +30,7 @@ from typing import Any, Literal
 import torch
 
 from .. import format as fmt
-from .._io import write_tensor_file
+from ..files.payloads import write_tensor_file
 from ..format import as_json, is_json_safe
 from .compat import _tensor_lines, sanitize_repr
 from .device_stats import DeviceStats, measured_on_device, placeholder_strings

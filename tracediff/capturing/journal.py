@@ -30,8 +30,9 @@ from pathlib import Path
 from typing import Any
 
 from .. import format as fmt
-from .._safe_read import JOURNAL_LIMIT, TRACE_JSON_LIMIT, read_json_file
 from ..errors import OutputDirError, TracediffError
+from ..files.atomic import check_out_dir
+from ..files.confine import JOURNAL_LIMIT, TRACE_JSON_LIMIT, read_json_file
 
 _NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 _HELD: dict[Path, FolderClaim] = {}
@@ -96,8 +97,6 @@ def claim_folder(folder: Path, *, overwrite: bool) -> FolderClaim:
     Raises ``OutputDirError`` (one line naming the folder) when it is a file,
     not writable, locked by a running capture, or not empty without ``overwrite``.
     """
-    from .session import check_out_dir
-
     key = folder.absolute()
     if key in _HELD:
         raise OutputDirError(f"{folder}: another capture in this process is writing into it; "

@@ -39,8 +39,8 @@ from typing import Any
 
 import torch
 
-from .._io import write_tensor_file
 from ..errors import OutputDirError, TracediffError, UsageError
+from ..files.payloads import write_tensor_file
 
 DEFAULT_POOL_MB = 256
 _ALIGN = 1 << 16  # buffers are sized in multiples of 64 KiB, so that they can be reused by similar tensors

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from .._io import byte_view
+from ..files.payloads import byte_view
 
 
 @dataclass(frozen=True)

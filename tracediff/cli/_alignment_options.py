@@ -40,10 +40,10 @@ def add_alignment_options(parser: argparse.ArgumentParser) -> None:
 def run_alignment(args: argparse.Namespace, command: str) -> Alignment:
     """``tracediff.align`` with the shared options; warnings go to stderr."""
     from ..alignment import align
-    from ..alignment.tolerance import parse_cli_tolerances
+    from ..compare.tolerance import parse_cli_tolerances
 
     result = align(args.a, args.b, atol=parse_cli_tolerances(args.atol, "atol"),
-                   rtol=parse_cli_tolerances(args.rtol, "rtol"), rename=args.map, match=args.match, progress=True,
+                   rtol=parse_cli_tolerances(args.rtol, "rtol"), map=args.map, match=args.match, progress=True,
                    **_verdict_options(args))
     for warning in result.warnings:
         print(f"tracediff {command}: warning: {warning}", file=sys.stderr)

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from .._io import write_text
+from ..files.atomic import write_text
 
 
 def add_output_options(parser: argparse.ArgumentParser, formats: list[str], default: str = "table") -> None:
@@ -19,6 +19,6 @@ def emit(text: str, output: str | None) -> None:
     if output:
         write_text(Path(output), text if text.endswith("\n") else text + "\n")
     else:
-        from .._text import encodable
+        from ..render.text import encodable
 
         sys.stdout.write(encodable(text if text.endswith("\n") else text + "\n"))

@@ -9,10 +9,8 @@ traceback only with ``--debug`` or ``TRACEDIFF_DEBUG=1``.
 from __future__ import annotations
 
 import argparse
-import gc
 import os
 import sys
-import threading
 import traceback
 from collections.abc import Sequence
 from typing import NoReturn
@@ -21,6 +19,7 @@ from .._version import __version__
 from ..errors import TracediffError
 from . import commands
 from .exit_codes import EXIT_BAD_INPUT, EXIT_CODES, EXIT_DIVERGED, EXIT_INTERNAL, EXIT_OK
+from .process import leave, stop_cyclic_gc
 
 __all__ = ["EXIT_BAD_INPUT", "EXIT_DIVERGED", "EXIT_INTERNAL", "EXIT_OK", "build_parser", "main"]
 _DEBUG_HELP = "on an internal error, print the traceback (also TRACEDIFF_DEBUG=1)"
@@ -57,7 +56,7 @@ def _debug_requested(args: argparse.Namespace) -> bool:
 
 def _one_line(text: str) -> str:
     """``text`` on one printable line: control characters and lone surrogates escaped."""
-    from .._text import printable
+    from ..render.text import printable
 
     return printable(" ".join(text.split()))
 
@@ -71,9 +70,8 @@ def _run(argv: Sequence[str] | None, *, whole_process: bool = False) -> tuple[in
     """The exit code, and the parsed arguments (None when there was no command to run).
 
     ``whole_process``: the command is all this process will do (``entry_point``). A command that ends without
-    the teardown (see :func:`_leave`) then also runs without the cyclic garbage collector: re-enabled after
-    a large trace is read, it rescans every node and record once, about a second for a 200 MB trace, to
-    free nothing the end of the process would not.
+    the teardown (:func:`tracediff.cli.process.leave`) then also runs without the cyclic garbage collector
+    (:func:`tracediff.cli.process.stop_cyclic_gc`).
     """
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -81,7 +79,7 @@ def _run(argv: Sequence[str] | None, *, whole_process: bool = False) -> tuple[in
         parser.print_help(sys.stderr)
         return EXIT_BAD_INPUT, None
     if whole_process and getattr(args, "skip_teardown", False):
-        gc.disable()
+        stop_cyclic_gc()
     return _run_command(args), args
 
 
@@ -121,26 +119,4 @@ def entry_point() -> None:
     code, args = _run(None, whole_process=True)
     if args is None or not getattr(args, "skip_teardown", False):
         sys.exit(code)
-    _leave(code)
-
-
-def _leave(code: int) -> NoReturn:
-    """Exit with ``code``, skipping the interpreter's teardown when nothing else is running.
-
-    At exit Python frees every object one by one: seconds for the two traces
-    and the rows of a large alignment, for memory the operating system takes
-    back at once. So output is flushed and the process ends with ``os._exit``.
-    Only commands that run none of the user's code do this (``show``,
-    ``align``, ``steps``, ``plot``), so no ``atexit`` handler of a user's
-    module is skipped. When another thread is still running, or a flush fails
-    (a closed pipe), Python exits the usual way, which waits for the thread
-    or reports the failure as it always did.
-    """
-    try:
-        sys.stdout.flush()
-        sys.stderr.flush()
-    except (OSError, ValueError):
-        sys.exit(code)
-    if threading.active_count() > 1:
-        sys.exit(code)
-    os._exit(code)
+    leave(code)

@@ -27,10 +27,10 @@ from pathlib import Path
 
 import torch
 
-from .._io import write_json, write_text
 from ..alignment import Alignment, align
 from ..capturing import capture
 from ..errors import OutputDirError
+from ..files.atomic import write_json, write_text
 from .models import BUG_MODULE, RENAME_RULES, build_reference, example_tokens, port_from_reference
 
 __all__ = ["run_demo", "DemoResult", "BUG_MODULE", "RENAME_RULES"]
@@ -89,7 +89,7 @@ def run_demo(out_dir: str | Path, *, overwrite: bool = False, plant_bug: bool = 
             port(tokens)
     rename_map = out / "rename.json"
     write_json(rename_map, {"rename": [list(rule) for rule in RENAME_RULES]})
-    alignment = align(reference_dir, port_dir, rename=RENAME_RULES)
+    alignment = align(reference_dir, port_dir, map=RENAME_RULES)
     from ..render.html import render_html
 
     report = out / "report.html"

@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..alignment.matching import apply_rename
+from ..maps.rules import apply_rename
 
 VOCAB = 97
 DIM = 32

@@ -1,7 +1,7 @@
 """Renderers: turn result objects into text, JSON, CSV, HTML or images. Nothing here computes.
 
 Importing this package registers the HTML renderer that ``Alignment.to_html()``
-looks up (see :mod:`tracediff._display`); the renderer module itself is
+looks up (see :mod:`tracediff.display`); the renderer module itself is
 imported only when a report is rendered.
 """
 
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .._display import register_renderer
+from ..display import register_renderer
 
 
 def _alignment_html(result: Any) -> str:

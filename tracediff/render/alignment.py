@@ -12,7 +12,6 @@ from typing import Any
 
 from tabulate import tabulate
 
-from .._text import markdown_text, printable
 from ..alignment.result import Alignment, TensorComparison
 from .matching import (
     argument_lines,
@@ -23,6 +22,7 @@ from .matching import (
     unrecorded_note,
 )
 from .strict_json import strict_json_value
+from .text import markdown_text, printable
 from .verdicts import baseline_line, focus_row, ignored_lines, origin_note, source_lines
 
 _SHOWN = ["order", "module_path_b", "tensor", "shape_b", "dtype_b", "max_abs_err", "max_rel_err", "cosine",

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections import Counter
 
+from ..alignment.pairing.unrecorded import collapse_paths
 from ..alignment.result import Alignment, TensorComparison, Unmatched
-from ..alignment.unrecorded import collapse_paths
 
 SHOWN_NAMES = 8  # collapsed unmatched names listed per side before "... N more"
 SHOWN_RULES = 10

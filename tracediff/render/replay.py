@@ -14,9 +14,9 @@ from typing import Any
 
 from tabulate import tabulate
 
-from .._text import markdown_text, printable
 from ..replaying.result import Replay, ReplayedCall
 from .alignment import strict_json_value
+from .text import markdown_text, printable
 
 _HEADERS = ["#", "module (B)", "call", "local max abs", "local rel rms", "x noise", "verdict", "culprit"]
 

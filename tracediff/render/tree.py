@@ -19,9 +19,9 @@ import operator
 from collections.abc import Sequence
 from itertools import chain
 
-from .._text import printable
 from ..show import NodeView, TensorView, TraceView
 from .strict_json import strict_json_value
+from .text import printable
 
 _INDENT = "  "
 _STAT_HEADERS = ["shape", "dtype", "mean", "std", "min", "max", ""]

@@ -39,9 +39,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..alignment.matching import apply_rename, match_nodes
-from ..alignment.rename_map import RenameSpec, rename_rules
+from ..alignment.pairing.calls import match_nodes
 from ..errors import TraceFormatError, UsageError
+from ..maps.rules import _UNSET, MapSpec, apply_rename, map_argument, rename_rules
 from ..trace.load import Trace, load_trace
 from ..trace.model import Node
 from .culprits import Candidate, decide
@@ -58,7 +58,7 @@ def replay(
     model_b: nn.Module,
     trace_a: str | Path | Trace,
     *,
-    rename: RenameSpec = None,
+    map: MapSpec = None,
     atol: float | None = None,
     rtol: float | None = None,
     oracle: bool = True,
@@ -66,6 +66,7 @@ def replay(
     device: str | torch.device | None = None,
     progress: bool = False,
     patch: bool = False,
+    rename: MapSpec = _UNSET,
 ) -> Replay:
     """Replay every module call of ``model_b`` that matches a node of ``trace_a`` on A's recorded inputs.
 
@@ -74,7 +75,7 @@ def replay(
             modes (and device, with ``device``) are restored afterwards.
         trace_a: the reference trace (folder, JSON file, or loaded ``Trace``),
             recorded with payloads (``tensors="full"``).
-        rename: rename rules for A's paths, in any form ``align`` takes.
+        map: the rename map for A's paths, in any form ``align`` takes.
         atol, rtol: the local error a row may have and still pass without
             the oracle's help. Default: torch.testing's for the pair's dtypes.
         oracle: also run each call in float64 and judge B against its own
@@ -88,6 +89,7 @@ def replay(
         patch: for each culprit, rerun B's whole forward with that call's
             output replaced by A's and report the share of the final-output
             error that disappears (``patch_effect``, 0-100).
+        rename: the name of ``map`` until 0.2; deprecated (``DeprecationWarning``), removed in 0.4.
 
     Returns:
         A ``Replay``: truthy when no call is a culprit.
@@ -103,7 +105,7 @@ def replay(
     device = check_device(device)
     trace = trace_a if isinstance(trace_a, Trace) else load_trace(trace_a)
     _check_replayable(trace)
-    rules = rename_rules(rename)
+    rules = rename_rules(map_argument(map, rename))
     patterns = _patterns(modules)
     seed = _seed(trace.metadata)
     with prepared(model_b, device) as run_device:

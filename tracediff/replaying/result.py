@@ -9,7 +9,7 @@ columns of ``Replay.table`` (and the keys of each row in ``to_dict()``):
 ``call_index``          the call of B's module (0 for the first)
 ``tensor``              the output slot: ``outputs``, ``outputs.0``, ...
 ``local_max_abs_err``   ``max |a - b|``: A's recorded output against B's output
-``local_max_rel_err``   ``max |a - b| / |a|`` (see ``tracediff.alignment.metrics``)
+``local_max_rel_err``   ``max |a - b| / |a|`` (see ``tracediff.compare.metrics``)
 ``local_rel_rms_err``   ``rms(a - b) / rms(a)``: the relative local error
 ``within_tolerance``    ``|a - b| <= atol + rtol |a|`` everywhere
 ``precision_noise``     ``rms(b - exact)``: B against its own float64 run
@@ -174,7 +174,7 @@ class Replay:
                 f"oracle {'on' if self.oracle else 'off'}>")
 
     def _repr_html_(self) -> str:
-        from .._display import summary_html
+        from ..display import summary_html
 
         facts = [("trace A", self.trace_a), ("model B", f"{self.model_b} on {self.device}"),
                  ("replayed", len(self.modules)), ("skipped", len(self.skipped)),

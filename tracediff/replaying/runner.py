@@ -12,8 +12,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..alignment.metrics import compare_tensors
-from ..alignment.tolerance import default_tolerance
+from ..compare.metrics import compare_tensors
+from ..compare.tolerance import default_tolerance
 from ..trace.load import Trace
 from ..trace.model import Node, TensorRecord
 from .inputs import NotRebuildable, Target, output_slots, rebuild_inputs

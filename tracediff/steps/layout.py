@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .._io import ensure_writable_dir, resolve_inside
-from .._safe_read import SMALL_JSON_LIMIT, STEP_RECORD_LIMIT, read_bounded
 from ..errors import OutputDirError, TraceFormatError
+from ..files.atomic import ensure_writable_dir
+from ..files.confine import SMALL_JSON_LIMIT, STEP_RECORD_LIMIT, read_bounded, resolve_inside
 
 RUN_FILE = "run.json"
 RUN_FORMAT = "tracediff-steps"

@@ -54,9 +54,9 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 
-from .._io import write_json
 from ..capturing.distributed import current_rank, world_size
 from ..errors import TracediffError, UsageError
+from ..files.atomic import write_json
 from .entries import batch_entries, error_entry, tensor_entry
 from .environment import environment_variables, installed_packages, system_info
 from .hashing import HASH_ALGORITHM

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from .._display import short_repr, summary_html
+from ..display import short_repr, summary_html
 
 if TYPE_CHECKING:
     import pandas as pd

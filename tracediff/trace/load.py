@@ -25,11 +25,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .. import format as fmt
-from .._frozen import frozen_builder
-from .._gc import paused_gc
-from .._io import read_tensor_file, resolve_inside
-from .._safe_read import check_regular_file
 from ..errors import PayloadError, TraceFormatError
+from ..files.confine import check_regular_file, resolve_inside
+from ..files.payloads import read_tensor_file
+from .frozen import frozen_builder
 from .model import Node, ReprValue, TensorRecord
 from .reading import incomplete_reason, journal_of, read_tree
 from .validate import TreeChecker, value_problem
@@ -121,7 +120,6 @@ def find_trace_json(path: str | Path) -> Path:
     raise TraceFormatError(f"{p}: no *{fmt.FULL_SUFFIX} or *{fmt.SUMMARY_SUFFIX} found{hint}")
 
 
-@paused_gc()  # reading builds millions of containers, none of them garbage: collections would only rescan them
 def load_trace(path: str | Path) -> Trace:
     """Load the trace at ``path``: a trace folder, or its FULL_TENSORS / SUMMARY JSON file.
 

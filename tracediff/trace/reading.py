@@ -1,6 +1,6 @@
 """Reading the files of a trace folder: the tree JSON, the metadata, or the journal a dead capture left.
 
-Every read goes through :mod:`tracediff._safe_read` (confined to the trace
+Every read goes through :mod:`tracediff.files.confine` (confined to the trace
 folder, regular files only, bounded: ``TRACE_JSON_LIMIT`` for the tree,
 ``SMALL_JSON_LIMIT`` for the metadata, ``JOURNAL_LIMIT`` for the journal),
 and the tree's field types are checked (:mod:`tracediff.trace.validate`)
@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from .. import format as fmt
-from .._safe_read import JOURNAL_LIMIT, SMALL_JSON_LIMIT, TRACE_JSON_LIMIT, read_bounded, read_json_file
 from ..errors import TraceFormatError
+from ..files.confine import JOURNAL_LIMIT, SMALL_JSON_LIMIT, TRACE_JSON_LIMIT, read_bounded, read_json_file
 
 #: ``metadata["capture_failure"]`` of a trace rebuilt from its journal.
 DIED = "the capture process ended before the trace was written (killed, or out of memory); read from its journal"

@@ -43,11 +43,12 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..._gc import paused_gc
-    from ..._io import write_json
+    from ...files.atomic import write_json
     from .._alignment_options import run_alignment
+    from ..process import paused_gc
 
-    result = run_alignment(args, "align")
+    with paused_gc():  # a row per tensor, nodes per call: nothing here is garbage worth scanning for
+        result = run_alignment(args, "align")
     if args.suggest_map:
         from ...render.matching import suggested_map
 

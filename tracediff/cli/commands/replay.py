@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     from ...replaying.spec import load_model
 
     model = load_model(args.spec_b)
-    result = replay(model, args.trace_a, rename=args.map, atol=args.atol, rtol=args.rtol,
+    result = replay(model, args.trace_a, map=args.map, atol=args.atol, rtol=args.rtol,
                     oracle=not args.no_oracle, modules=args.modules, device=args.device, progress=True,
                     patch=args.patch)
     for warning in result.warnings:
@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     if args.trace_b:
         from ...alignment import align
 
-        alignment = align(args.trace_a, args.trace_b, rename=args.map)
+        alignment = align(args.trace_a, args.trace_b, map=args.map)
     emit(_render(result, args, alignment), args.output)
     return 0 if result.passed else 1
 

@@ -43,9 +43,9 @@ def _depth(text: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..._gc import paused_gc
     from ...render.tree import render_csv, render_json, render_tree
     from ...show import show_trace
+    from ..process import paused_gc
 
     render = {"json": render_json, "csv": render_csv}.get(args.format, render_tree)
     with paused_gc():  # a line per call and tensor: nothing here is garbage worth scanning for

@@ -18,7 +18,7 @@ import difflib
 import re
 from typing import Any
 
-from ..trace.model import Node
+from ...trace.model import Node
 
 _TOKEN = re.compile(r"[a-z]+|\d+")
 

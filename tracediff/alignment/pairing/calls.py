@@ -10,41 +10,35 @@
    whose name needed the rules is matched ``"map"``. The rules are always
    applied.
 2. **layer blocks one side did not record** (transformers' default pruning,
-   see :mod:`tracediff.alignment.unrecorded`) are set aside, with what lies
+   see :mod:`tracediff.alignment.pairing.plan.unrecorded`) are set aside, with what lies
    inside them.
 3. **by structure**, only among the calls still unpaired, in call order
-   (:mod:`tracediff.alignment.structure`; dtypes are ignored).
+   (:mod:`tracediff.alignment.pairing.plan.structure`; dtypes are ignored).
 
 ``match="name"`` stops after step 2; ``match="structure"`` pairs every call by
 structure, ignoring names. Layout-aware pairs (fused projections, permuted
-heads) are added afterwards by :mod:`tracediff.alignment.layout`.
+heads) are added afterwards by :mod:`tracediff.alignment.pairing.layout`.
 ``suggest_rename`` turns the pairs into rename rules for the user to check
 and reuse. Within a matched pair, tensors pair as described in
-:mod:`tracediff.alignment.slots`.
+:mod:`tracediff.alignment.pairing.slots`.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
 
-from .._safe_read import SMALL_JSON_LIMIT, read_bounded
-from ..errors import TraceFormatError, UsageError
-from ..trace.load import Trace
-from ..trace.model import Node
-from .rename_safety import check_rule, compiled
+from ...errors import UsageError
+from ...maps.rules import RenameRules, apply_rename
+from ...maps.suggest import suggest_rules
+from ...trace.load import Trace
+from ...trace.model import Node
 from .slots import pair_tensors
 from .structure import structural_pairs
-from .suggest import suggest_rules
 from .unrecorded import all_unrecorded, find_unrecorded, inside
 
-RenameRules = list[tuple[str, str]]
 MATCH_MODES = ("auto", "name", "structure")
 
-__all__ = ["MATCH_MODES", "Matching", "apply_rename", "check_rename", "load_rename_file", "match_nodes",
-           "pair_tensors", "suggest_rename"]
+__all__ = ["MATCH_MODES", "Matching", "match_nodes", "pair_tensors", "suggest_rename"]
 
 
 @dataclass(frozen=True)
@@ -64,42 +58,6 @@ class Matching:
 
     def count(self, method: str) -> int:
         return sum(m == method for m in self.methods)
-
-
-def load_rename_file(path: str | Path) -> RenameRules:
-    """Read ``{"rename": [[regex, replacement], ...]}`` from a JSON file."""
-    p = Path(path)
-    if not p.exists() and not p.is_symlink():
-        raise UsageError(f"{p}: rename map not found")
-    text = read_bounded(p, limit=SMALL_JSON_LIMIT, what="rename map")  # a regular file, bounded
-    try:
-        data = json.loads(text)
-    except (ValueError, RecursionError) as e:  # not JSON, not UTF-8, nested too deeply, a 5,000-digit integer
-        reason = str(e).splitlines()[0] if str(e) else "nested too deeply"
-        raise TraceFormatError(f"{p}: not a JSON rename map ({reason})") from None
-    rules = data.get("rename") if isinstance(data, dict) else None
-    if not isinstance(rules, list):
-        raise TraceFormatError(f'{p}: expected {{"rename": [[regex, replacement], ...]}}')
-    return check_rename(rules, source=str(p))
-
-
-def check_rename(rules: Any, *, source: str = "rename") -> RenameRules:
-    """Validate rename rules: a list of ``[regex, replacement]`` pairs whose regexes compile."""
-    out: RenameRules = []
-    for i, rule in enumerate(rules or []):
-        if not (isinstance(rule, (list, tuple)) and len(rule) == 2 and all(isinstance(x, str) for x in rule)):
-            raise UsageError(f"{source}: rule {i} is {rule!r}; expected [regex, replacement]")
-        check_rule(rule[0], rule[1], source=source, index=i)  # compiles, cannot backtrack exponentially
-        out.append((rule[0], rule[1]))
-    return out
-
-
-def apply_rename(path: str, rules: RenameRules) -> str:
-    for pattern, replacement in rules:
-        regex = compiled(pattern)  # compiled once per pattern (rename_safety.py)
-        if regex.search(path) is not None:  # sub() parses its template first, through a cache of 512 only
-            path = regex.sub(replacement, path)
-    return path
 
 
 def match_nodes(a: Trace, b: Trace, rename: RenameRules, match: str = "auto") -> Matching:
@@ -228,5 +186,5 @@ def _with_backward(pairs: list[tuple[Node, Node]], methods: list[str], nodes_a: 
 
 
 def suggest_rename(pairs: tuple[tuple[Node, Node], ...] | list[tuple[Node, Node]]) -> RenameRules:
-    """Rename rules mapping A's paths to B's for every pair (see :mod:`tracediff.alignment.suggest`)."""
+    """Rename rules mapping A's paths to B's for every pair (see :mod:`tracediff.maps.suggest`)."""
     return suggest_rules(pairs)

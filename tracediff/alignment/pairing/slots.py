@@ -22,50 +22,18 @@ as unpaired.
 
 from __future__ import annotations
 
-import re
-from collections.abc import Mapping
-from pathlib import Path
-from typing import Any
+from ...compare.shapes import squeezed
+from ...maps.rules import SlotRules
+from ...maps.safety import compiled
+from ...trace.model import Node, TensorRecord
 
-from ..errors import UsageError
-from ..trace.model import Node, TensorRecord
-from .shapes import squeezed
-
-SlotRules = list[tuple[str, str, str]]
 TensorPairs = list[tuple[TensorRecord, TensorRecord]]
-
-
-def slot_rules(spec: Any) -> SlotRules:
-    """The ``slots`` entry of a map (a mapping, or the path of a JSON map file), validated; ``[]`` when absent."""
-    if isinstance(spec, (str, Path)):
-        import json
-
-        try:
-            spec = json.loads(Path(spec).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return []  # the rename reader reports unreadable map files
-    if not isinstance(spec, Mapping):
-        return []
-    rules = spec.get("slots") or []
-    if not isinstance(rules, (list, tuple)):
-        raise UsageError('map: "slots" must be a list of [module_regex, slot_a, slot_b]')
-    out: SlotRules = []
-    for i, rule in enumerate(rules):
-        if isinstance(rule, (list, tuple)) and len(rule) == 3 and rule[2] is None:
-            rule = [rule[0], rule[1], ""]
-        if not (isinstance(rule, (list, tuple)) and len(rule) == 3 and all(isinstance(x, str) for x in rule)):
-            raise UsageError(f"map: slot rule {i} is {rule!r}; expected [module_regex, slot_a, slot_b]")
-        try:
-            re.compile(rule[0])
-        except re.error as e:
-            raise UsageError(f"map: slot rule {i} regex {rule[0]!r} does not compile ({e})") from None
-        out.append((rule[0], rule[1], rule[2]))
-    return out
 
 
 def _renamed_slot(slot: str, node_a: Node, node_b: Node, rules: SlotRules) -> str:
     for pattern, old, new in rules:
-        if not (re.search(pattern, node_a.relative_path) or re.search(pattern, node_b.relative_path)):
+        regex = compiled(pattern)  # checked when the map was read (tracediff.maps.rules)
+        if not (regex.search(node_a.relative_path) or regex.search(node_b.relative_path)):
             continue
         if slot == old:
             return new

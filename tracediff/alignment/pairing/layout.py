@@ -32,9 +32,9 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..errors import TracediffError
-from ..trace.load import Trace
-from ..trace.model import Node, TensorRecord
+from ...errors import TracediffError
+from ...trace.load import Trace
+from ...trace.model import Node, TensorRecord
 
 if TYPE_CHECKING:
     import torch
@@ -272,8 +272,8 @@ def _refines(x: tuple[int, ...], y: tuple[int, ...]) -> bool:
 def compare_transformed(trace_a: Trace, ra: TensorRecord, trace_b: Trace, rb: TensorRecord, transform: Transform,
                         *, atol: float, rtol: float) -> dict[str, Any]:
     """The metric fields of a row whose pair is related by ``transform`` (payloads needed on both sides)."""
-    from .compare import dtype_note, metric_fields, verdict_fields
-    from .metrics import compare_tensors
+    from ...compare.fields import dtype_note, metric_fields, verdict_fields
+    from ...compare.metrics import compare_tensors
 
     if not (ra.has_payload and rb.has_payload):
         return verdict_fields("no_data", None,

@@ -1,8 +1,8 @@
 """From two traces to the tensor pairs ``tracediff.align`` compares, and how each was found.
 
-Calls are matched (:mod:`tracediff.alignment.matching`), tensors within
-matched calls are paired (:mod:`tracediff.alignment.slots`), then layouts
-relate what is left (:mod:`tracediff.alignment.layout`): fused calls among
+Calls are matched (:mod:`tracediff.alignment.pairing.plan.calls`), tensors within
+matched calls are paired (:mod:`tracediff.alignment.pairing.slots`), then layouts
+relate what is left (:mod:`tracediff.alignment.pairing.layout`): fused calls among
 the unpaired children of matched calls, and tensors of a matched call whose
 shapes differ. Each pair remembers how it was found (``matched_by``: name,
 map, structure or layout) and the transform relating it, if any.
@@ -13,14 +13,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..trace.load import Trace
-from ..trace.model import Node, TensorRecord
+from ...compare.shapes import squeezed
+from ...maps.rules import RenameRules, SlotRules
+from ...maps.suggest import suggest_rules
+from ...trace.load import Trace
+from ...trace.model import Node, TensorRecord
+from ..result import TensorComparison, Unmatched, fill
+from .calls import Matching, match_nodes
 from .layout import Transform, compare_transformed, find_fused, find_relayout
-from .matching import Matching, RenameRules, match_nodes
-from .result import TensorComparison, Unmatched, fill
-from .shapes import squeezed
-from .slots import SlotRules, pair_tensors
-from .suggest import suggest_rules
+from .slots import pair_tensors
 from .unrecorded import all_unrecorded
 
 Job = tuple[Node, TensorRecord, Node, TensorRecord]

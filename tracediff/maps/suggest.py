@@ -16,6 +16,7 @@ import re
 from collections.abc import Iterable
 
 from ..trace.model import Node
+from .rules import apply_rename
 
 Rules = list[tuple[str, str]]
 
@@ -24,8 +25,6 @@ _NUMBER = re.compile(r"\d+")
 
 def suggest_rules(pairs: Iterable[tuple[Node, Node]]) -> Rules:
     """The fewest rules, in order, that map A's relative path onto B's for every pair (see the module docstring)."""
-    from .matching import apply_rename
-
     by_depth = sorted(pairs, key=lambda p: (p[0].relative_path.count(".") if p[0].relative_path else -1,
                                             p[0].enter_order))
     ordered = [(a.relative_path, b.relative_path) for a, b in by_depth]
@@ -72,8 +71,6 @@ def _rule(path_a: str, path_b: str) -> tuple[str, str]:
 
 def _repair(ordered: list[tuple[str, str]], rules: Rules) -> Rules:
     """Exact rules, at the end, for any pair a later rule disturbed (rare: overlapping renamings)."""
-    from .matching import apply_rename
-
     out = list(rules)
     for path_a, path_b in ordered:
         current = apply_rename(path_a, out)

@@ -18,8 +18,8 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 
-from ..trace.model import Node
-from .result import TensorComparison
+from ...trace.model import Node
+from ..result import TensorComparison
 
 _NUMBERED = re.compile(r"^(.*)\.(\d+)$")
 

@@ -32,9 +32,9 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
-from ..trace.load import Trace
-from ..trace.model import Node, TensorRecord
-from .result import TensorComparison
+from ...trace.load import Trace
+from ...trace.model import Node, TensorRecord
+from ..result import TensorComparison
 
 DEFAULT_NOISE_FACTOR = 3.0
 """Errors up to 3x the baseline's noise floor are noise (see docs/verdicts.md for the measurements)."""

@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from .._repr import sanitize_repr
-from ..trace.model import Node, ReprValue
-from .result import ArgumentDiff
+from ...format import sanitize_repr
+from ...trace.model import Node, ReprValue
+from ..result import ArgumentDiff
 from .value_summary import describe_large, is_large
 
 _ABSENT: Any = object()

@@ -1,4 +1,4 @@
-"""Comparing a matched tensor pair from its payloads: the part of :mod:`tracediff.alignment.compare` needing torch."""
+"""Comparing a matched tensor pair from its payloads: the part of :mod:`tracediff.compare.records` needing torch."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from ..errors import PayloadFormatError, TracediffError
 from ..trace.load import Trace
 from ..trace.model import TensorRecord
 from .benign import exact_mismatches, is_exact_dtype, prepare_pair
-from .compare import dtype_note, metric_fields, verdict_fields
+from .fields import dtype_note, metric_fields, verdict_fields
 from .metrics import PairMetrics, compare_tensors
 from .raw_payload import identical_pair
 from .shapes import squeezable

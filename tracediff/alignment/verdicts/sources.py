@@ -33,8 +33,8 @@ import math
 from collections.abc import Sequence
 from functools import lru_cache
 
-from ..trace.model import Node, TensorRecord
-from .result import TensorComparison, fill, setter
+from ...trace.model import Node, TensorRecord
+from ..result import TensorComparison, fill, setter
 
 _set_growth, _set_origin = setter("growth"), setter("origin")
 

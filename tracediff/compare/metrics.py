@@ -36,7 +36,7 @@ partial sums are accumulated in float64.
 Sums of squares and dot products are never allowed to leave the float range:
 when a chunk's direct sums show that a square under- or overflowed, the chunk
 is summed again on values divided by a power of two near their largest
-magnitude, as BLAS ``nrm2`` does (:mod:`tracediff.alignment.scaled`), and the
+magnitude, as BLAS ``nrm2`` does (:mod:`tracediff.compare.scaled`), and the
 totals are carried as ``value * 2**exp``. So a subnormal value against zero
 has cosine 0 and an RMS error equal to its magnitude, and values near 1e308
 give finite means. Only a difference that itself exceeds the float64 range
@@ -53,7 +53,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from .._io import byte_view
+from ..files.payloads import byte_view
 from .scaled import ScaledSum, exponent_of, safe_ldexp, scale_down, scaled_sums, sums_are_safe
 
 CHUNK = 1 << 20

@@ -2,7 +2,7 @@
 
 Comparing statistics needs no torch: a trace of statistics only (a summary
 trace) is aligned without importing it. Payloads are compared in
-:mod:`tracediff.alignment.compare_payloads`.
+:mod:`tracediff.compare.payloads`.
 """
 
 from __future__ import annotations
@@ -16,10 +16,11 @@ from typing import TYPE_CHECKING, Any
 from ..format import MOMENT_STAT_KEYS
 from ..trace.load import Trace
 from ..trace.model import TensorRecord
+from .fields import verdict_fields
 from .shapes import squeezable, squeeze_note
 
 if TYPE_CHECKING:
-    from .metrics import PairMetrics
+    pass
 
 _STAT_KEYS = MOMENT_STAT_KEYS  # the statistics compared with a tolerance when a payload is missing
 NAN = math.nan
@@ -39,45 +40,11 @@ def compare_records(
             return verdict_fields("shape_mismatch", False, f"shape differs: {list(shape_a)} vs {list(shape_b)}")
         note = squeeze_note(shape_a, shape_b)
     if ra.has_payload and rb.has_payload:
-        from .compare_payloads import compare_payloads  # torch is imported only when payloads are compared
+        from .payloads import compare_payloads  # torch is imported only when payloads are compared
 
         return compare_payloads(trace_a, ra, trace_b, rb, atol=atol, rtol=rtol)
     fields = compare_stats(ra, rb, atol=atol, rtol=rtol)
     return {**fields, "reason": f"{fields['reason']}; {note}"} if note else fields
-
-
-def dtype_note(ra: TensorRecord, rb: TensorRecord) -> str:
-    return f"dtype differs: {ra.dtype} vs {rb.dtype} (compared in float64)" if ra.dtype != rb.dtype else ""
-
-
-def metric_fields(m: PairMetrics, *, approximate: bool, note: str = "") -> dict[str, Any]:
-    if m.identical:
-        status, reason = "identical", note
-    elif m.within_tolerance:
-        status, reason = "close", note
-    else:
-        parts = [f"{m.mismatched} of {m.numel} elements out of tolerance"]
-        if m.nan_mismatch:
-            parts.append(f"{m.nan_mismatch} NaN where the other side is not")
-        if m.inf_mismatch:
-            parts.append(f"{m.inf_mismatch} infinities that differ")
-        status, reason = "diverged", "; ".join(parts + ([note] if note else []))
-    return {
-        "status": status, "reason": reason, "within_tolerance": m.within_tolerance, "approximate": approximate,
-        "max_abs_err": m.max_abs_err, "max_rel_err": m.max_rel_err, "mean_abs_err": m.mean_abs_err,
-        "rms_err": m.rms_err, "cosine": m.cosine, "mismatch_fraction": m.mismatch_fraction,
-        "nan_mismatch": m.nan_mismatch, "inf_mismatch": m.inf_mismatch,
-        "required_atol": m.required_atol, "required_rtol": m.required_rtol,
-    }
-
-
-def verdict_fields(status: str, within: bool | None, reason: str) -> dict[str, Any]:
-    return {
-        "status": status, "reason": reason, "within_tolerance": within, "approximate": False,
-        "max_abs_err": NAN, "max_rel_err": NAN, "mean_abs_err": NAN, "rms_err": NAN, "cosine": NAN,
-        "mismatch_fraction": NAN, "nan_mismatch": 0, "inf_mismatch": 0,
-        "required_atol": NAN, "required_rtol": NAN,
-    }
 
 
 def compare_stats(ra: TensorRecord, rb: TensorRecord, *, atol: float, rtol: float) -> Mapping[str, Any]:

@@ -26,7 +26,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from .errors import TracediffError, TraceFormatError, UnsafePathError
+from ..errors import TracediffError, TraceFormatError, UnsafePathError
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -170,3 +170,42 @@ def read_json_file(path: Path, *, limit: int = SMALL_JSON_LIMIT, root: Path | No
         raise error(_not_utf8(path, what)) from None
     del data
     return parse_json(text, path=path, error=error, what=what)
+
+
+def resolve_inside(root: Path, relative: str, *, what: str = "tensor path") -> Path:
+    """Resolve a payload path from a trace JSON, refusing anything outside ``root``.
+
+    Absolute paths, ``..`` components, NUL bytes, lone surrogates, symbolic
+    link loops, the folder itself and links that lead out of it raise ``UnsafePathError``; nothing is opened.
+    """
+    place = "the trace directory" if what == "tensor path" else "the folder"
+    if not isinstance(relative, str) or not relative:
+        raise UnsafePathError(f"{root}: {what} {relative!r} is not a relative file name")
+    if "\0" in relative or not _encodable(relative):
+        raise UnsafePathError(f"{root}: {what} {ascii(relative)} holds a NUL byte or an unencodable "
+                              "character; refused")
+    candidate = Path(relative)
+    if not candidate.parts:
+        raise UnsafePathError(f"{root}: {what} {relative!r} names {place} itself, not a file")
+    if candidate.is_absolute() or relative.startswith(("/", "\\")) or ":" in candidate.parts[0]:
+        raise UnsafePathError(f"{root}: {what} {relative!r} is absolute; refused")
+    if any(part == ".." for part in Path(relative.replace("\\", "/")).parts):
+        raise UnsafePathError(f"{root}: {what} {relative!r} leaves {place}; refused")
+    try:
+        real_root = root.resolve()
+        resolved = (real_root / candidate).resolve()
+    except (OSError, RuntimeError, ValueError) as e:  # a symbolic link loop
+        raise UnsafePathError(f"{root}: {what} {relative!r} cannot be resolved ({e}); refused") from None
+    if resolved == real_root:
+        raise UnsafePathError(f"{root}: {what} {relative!r} names {place} itself, not a file")
+    if real_root not in resolved.parents:
+        raise UnsafePathError(f"{root}: {what} {relative!r} links outside {place}; refused")
+    return resolved
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate from JSON's \udXXX escapes
+        return False
+    return True

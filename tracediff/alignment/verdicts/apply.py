@@ -3,10 +3,10 @@
 Called by :func:`tracediff.alignment.align` once every pair is measured:
 
 1. with a baseline, each row's noise floor and the noise-factor rule
-   (:mod:`tracediff.alignment.noise`); without one, the cross-dtype
+   (:mod:`tracediff.alignment.verdicts.noise`); without one, the cross-dtype
    relative-norm rule and a warning naming both dtypes;
 2. rows matching an ``ignore`` pattern are set aside (listed, never failing);
-3. growth, origin and the list of sources (:mod:`tracediff.alignment.sources`).
+3. growth, origin and the list of sources (:mod:`tracediff.alignment.verdicts.sources`).
 
 Ignore patterns: ``PATH`` or ``PATH:SLOT``, shell-style globs. ``PATH`` is
 matched against the module path relative to the root (``layers.0.mlp``) or
@@ -23,12 +23,19 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import UsageError
-from ..trace.load import Trace
-from ..trace.model import Node, TensorRecord
-from .compare import compare_records
-from .noise import accept_by_relative_norm, apply_floor, baseline_records, counterpart, dtype_warning, floor_of
-from .result import TensorComparison
+from ...compare.records import compare_records
+from ...errors import UsageError
+from ...trace.load import Trace
+from ...trace.model import Node, TensorRecord
+from ..result import TensorComparison
+from .noise import (
+    accept_by_relative_norm,
+    apply_floor,
+    baseline_records,
+    counterpart,
+    dtype_warning,
+    floor_of,
+)
 from .sources import find_sources
 
 Job = tuple[Node, TensorRecord, Node, TensorRecord]
