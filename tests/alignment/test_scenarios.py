@@ -302,7 +302,7 @@ def test_per_module_tolerance_moves_the_first_divergence(traces: TraceStore) -> 
     for row in result.rows:
         in_mlp = ".mlp" in row.module_path_b
         assert row.atol == (1.0 if in_mlp else 1e-5), row.module_path_b
-        assert row.rtol == (10.0 if in_mlp else default_tolerance(row.dtype_a, row.dtype_b)[0]), row.module_path_b
+        assert row.rtol == (10.0 if in_mlp else default_tolerance(row.dtype_a, row.dtype_b)[1]), row.module_path_b
     assert result.warnings == ()
     assert first.input_err == 0.0
 

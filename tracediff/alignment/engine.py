@@ -48,9 +48,9 @@ from ..maps.rules import _UNSET, MapSpec, map_argument, read_map
 from ..trace.load import Trace, load_trace
 from ..trace.model import Node, TensorRecord
 from .ops import annotate_op_rows, pair_ops
-from .pairing.plan import Job, plan_pairs
+from .pairing.plan import plan_pairs
 from .pairing.unrecorded import carry_origin, mark_unrecorded_origin
-from .result import Alignment, TensorComparison, row_from_fields, setter
+from .result import Alignment, Job, TensorComparison, row_from_fields, setter
 from .verdicts.apply import check_ignore, judge
 from .verdicts.arguments import diff_arguments
 from .verdicts.noise import DEFAULT_NOISE_FACTOR

@@ -44,10 +44,9 @@ from ..compare.tolerance import TolerancePolicy
 from ..trace.load import Trace
 from ..trace.model import Node, TensorRecord
 from .pairing.calls import pair_tensors
-from .result import ArgumentDiff, TensorComparison, Unmatched
+from .result import ArgumentDiff, Job, TensorComparison, Unmatched
 from .verdicts.arguments import diff_arguments
 
-Job = tuple[Node, TensorRecord, Node, TensorRecord]
 #: At most this many payload comparisons when pairing one stretch by value (two unrelated op sequences
 #: of a few hundred same-shaped ops would otherwise compare every pair); past it, only the last-output rule pairs.
 VALUE_COMPARISONS = 1024

@@ -4,16 +4,19 @@ Defaults follow ``torch.testing.assert_close`` per dtype, taking the less
 precise dtype of the pair:
 
 ==================  =========  =========
-dtype               rtol       atol
+dtype               atol       rtol
 ==================  =========  =========
 float64             1e-7       1e-7
-float32             1.3e-6     1e-5
-float16             1e-3       1e-5
-bfloat16            1.6e-2     1e-5
-float8 e4m3         1.25e-1    1e-3
-float8 e5m2         2.5e-1     1e-3
+float32             1e-5       1.3e-6
+float16             1e-5       1e-3
+bfloat16            1e-5       1.6e-2
+float8 e4m3         1e-3       1.25e-1
+float8 e5m2         1e-3       2.5e-1
 integers, bool      0          0
 ==================  =========  =========
+
+Every function here takes and returns the pair in one order, ``(atol, rtol)``,
+as ``align(atol=..., rtol=...)`` and ``--atol``/``--rtol`` name them.
 
 (float8 has no torch.testing default; we use one unit in the last place.)
 
@@ -35,17 +38,17 @@ from functools import lru_cache
 
 from ..errors import UsageError
 
-_DEFAULTS: dict[str, tuple[float, float]] = {
+_DEFAULTS: dict[str, tuple[float, float]] = {  # (atol, rtol)
     "torch.float64": (1e-7, 1e-7),
-    "torch.float32": (1.3e-6, 1e-5),
-    "torch.float16": (1e-3, 1e-5),
-    "torch.bfloat16": (1.6e-2, 1e-5),
-    "torch.float8_e4m3fn": (1.25e-1, 1e-3),
-    "torch.float8_e4m3fnuz": (1.25e-1, 1e-3),
-    "torch.float8_e5m2": (2.5e-1, 1e-3),
-    "torch.float8_e5m2fnuz": (2.5e-1, 1e-3),
+    "torch.float32": (1e-5, 1.3e-6),
+    "torch.float16": (1e-5, 1e-3),
+    "torch.bfloat16": (1e-5, 1.6e-2),
+    "torch.float8_e4m3fn": (1e-3, 1.25e-1),
+    "torch.float8_e4m3fnuz": (1e-3, 1.25e-1),
+    "torch.float8_e5m2": (1e-3, 2.5e-1),
+    "torch.float8_e5m2fnuz": (1e-3, 2.5e-1),
     "torch.complex128": (1e-7, 1e-7),
-    "torch.complex64": (1.3e-6, 1e-5),
+    "torch.complex64": (1e-5, 1.3e-6),
 }
 
 Tolerance = float | Mapping[str, float] | None
@@ -53,7 +56,7 @@ Tolerance = float | Mapping[str, float] | None
 
 @lru_cache(maxsize=256)  # called once per compared pair, with a handful of distinct dtypes
 def default_tolerance(dtype_a: str | None, dtype_b: str | None) -> tuple[float, float]:
-    """``(rtol, atol)`` for a pair: the looser of the two dtypes' torch.testing defaults."""
+    """``(atol, rtol)`` for a pair: the looser of the two dtypes' torch.testing defaults."""
     pairs = [_DEFAULTS.get(d or "", (0.0, 0.0)) for d in (dtype_a, dtype_b)]
     return max(p[0] for p in pairs), max(p[1] for p in pairs)
 
@@ -122,7 +125,7 @@ class TolerancePolicy:
 
     def resolve(self, paths: tuple[str, ...], dtype_a: str | None, dtype_b: str | None) -> tuple[float, float]:
         """``(atol, rtol)`` for a pair whose module paths (relative, both sides) are ``paths``."""
-        rtol_default, atol_default = default_tolerance(dtype_a, dtype_b)
+        atol_default, rtol_default = default_tolerance(dtype_a, dtype_b)
         atol = self._pick(self._atol_rules, paths) if self._atol_rules else None
         rtol = self._pick(self._rtol_rules, paths) if self._rtol_rules else None
         atol = atol if atol is not None else self._atol_default

@@ -115,23 +115,27 @@ def _write_text_atomically(path: Path, data: bytes, *, user_target: bool = False
     replace_with(path, data)
 
 
-def replace_with(path: Path, data: bytes, *, mode: int | None = None, name: Path | None = None) -> None:
-    """Write ``data`` to an exclusive temporary file beside ``path`` (with ``mode``), then rename it onto ``path``.
+def replace_with(path: Path, data: bytes | list[bytes | memoryview], *, mode: int | None = None,
+                 name: Path | None = None, what: str = "file") -> None:
+    """Write ``data`` (bytes, or chunks written in order) to an exclusive temporary file beside ``path`` (with
+    ``mode``), then rename it onto ``path``.
 
-    ``OutputDirError`` names ``name`` (default ``path``): the file the user asked for, when ``path`` is a link's target.
+    ``OutputDirError`` names ``name`` (default ``path``): the file the user asked for, when ``path`` is a link's
+    target; ``what`` says what it is (``"payload"``) when it is not a plain file.
     """
-    fd, tmp = _temp_beside(path)
+    fd, tmp = _temp_beside(path, what=what)
     try:
         try:
             if mode is not None:
                 os.fchmod(fd, mode)
-            _write_all(fd, [data])
+            _write_all(fd, data if isinstance(data, list) else [data])
         finally:
             os.close(fd)
         os.replace(tmp, path)
     except OSError as e:
         _discard(tmp)
-        raise OutputDirError(f"{name or path}: could not write: {e.strerror or e}") from e
+        label = "" if what == "file" else f" {what}"
+        raise OutputDirError(f"{name or path}: could not write{label}: {e.strerror or e}") from e
 
 
 def write_json_pair(path: str | os.PathLike[str], stripped_path: str | os.PathLike[str], obj: Any, *,

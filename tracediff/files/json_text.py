@@ -4,7 +4,8 @@ The standard library indents JSON in pure Python, through generators; a
 trace tree is large enough for that to show next to a forward pass. Here the
 containers are walked in Python, but every container of plain scalars (most
 of a trace: statistics, tensor descriptions) is formatted by the standard
-library's C encoder, with the indentation put in its item separator.
+library's encoder (``json.JSONEncoder`` without ``indent``, which runs in C),
+with the indentation put in its item separator.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ def json_text(obj: Any, *, indent: int | None = 2, drop_key: str | None = None,
     ``"value"`` from tensor entries only). Values this does not know, and
     circular references, go to ``json.dumps``, which raises as usual.
     """
-    if indent is None or not isinstance(indent, int) or _make_c_encoder is None:
+    if indent is None or not isinstance(indent, int):
         return json.dumps(_without_key(obj, drop_key, drop_where), indent=indent, allow_nan=True)
     try:
         return _IndentedJson(indent, drop_key, drop_where=drop_where).text(obj)
@@ -49,13 +50,8 @@ class _NotPlainJson(Exception):
     pass
 
 
-def _refuse(value: Any) -> Any:
-    raise _NotPlainJson
-
-
 _PLAIN_SCALARS = frozenset({str, int, float, bool, type(None)})
 _STR = frozenset({str})
-_make_c_encoder = getattr(json.encoder, "c_make_encoder", None)
 
 
 def _float_text(value: float) -> str:
@@ -103,7 +99,7 @@ class _IndentedJson:
         self.watch_key = watch_key  # only noted: watched_key_seen tells whether some dict has it
         self.watched_key_seen = False
         self.newlines = ["\n"]  # newline plus the indentation of each depth
-        self.flat_encoders: list[Any] = []  # C encoders whose item separator indents one depth
+        self.flat_encoders: list[Callable[[Any], str]] = []  # encoders whose item separator indents one depth
 
     def text(self, obj: Any) -> str:
         self._value(obj, 0)
@@ -168,12 +164,12 @@ class _IndentedJson:
             add(text)
 
     def _flat(self, value: Any, depth: int, opening: str, closing: str) -> str:
-        """A non-empty container of plain scalars, formatted by the C encoder, one item per line."""
+        """A non-empty container of plain scalars, formatted by the standard encoder, one item per line."""
         while len(self.flat_encoders) <= depth:
             inner = self._newline(len(self.flat_encoders) + 1)
-            self.flat_encoders.append(_make_c_encoder(  # type: ignore[misc]
-                None, _refuse, _quote, None, ": ", "," + inner, False, False, True))
-        body = "".join(self.flat_encoders[depth](value, 0))
+            encoder = json.JSONEncoder(separators=("," + inner, ": "), check_circular=False)
+            self.flat_encoders.append(encoder.encode)
+        body = self.flat_encoders[depth](value)
         return opening + self.newlines[depth + 1] + body[1:-1] + self.newlines[depth] + closing
 
     def _newline(self, depth: int) -> str:
@@ -185,7 +181,7 @@ class _IndentedJson:
 def json_text_pair(obj: Any, *, drop_key: str, indent: int | None = 2,
                    drop_where: Callable[[dict[Any, Any]], bool] | None = None) -> tuple[str, str]:
     """``json_text(obj)`` and ``json_text(obj, drop_key=..., drop_where=...)``; one walk when nothing is dropped."""
-    if indent is None or not isinstance(indent, int) or _make_c_encoder is None:
+    if indent is None or not isinstance(indent, int):
         return (json_text(obj, indent=indent),
                 json_text(obj, indent=indent, drop_key=drop_key, drop_where=drop_where))
     builder = _IndentedJson(indent, None, watch_key=drop_key, drop_where=drop_where)

@@ -15,9 +15,9 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..errors import OutputDirError, PayloadError, PayloadFormatError
+from ..errors import PayloadError, PayloadFormatError
 from ..format import PAYLOAD_KEY
-from .atomic import _discard, _temp_beside, _write_all
+from .atomic import replace_with
 
 if TYPE_CHECKING:
     import torch
@@ -90,16 +90,7 @@ def write_tensor_file(path: str | os.PathLike[str], tensor: torch.Tensor) -> int
         separators=(",", ":"),
     ).encode()
     header += b" " * (-len(header) % 8)
-    fd, tmp = _temp_beside(Path(path), what="payload")
-    try:
-        try:
-            _write_all(fd, [len(header).to_bytes(8, "little") + header, data])
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except OSError as e:
-        _discard(tmp)
-        raise OutputDirError(f"{path}: could not write payload: {e.strerror or e}") from e
+    replace_with(Path(path), [len(header).to_bytes(8, "little") + header, data], what="payload")
     return data.nbytes
 
 

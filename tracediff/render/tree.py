@@ -15,19 +15,15 @@ import csv
 import io
 import json
 import math
-import operator
 from collections.abc import Sequence
-from itertools import chain
 
 from ..show import NodeView, TensorView, TraceView
 from .strict_json import strict_json_value
 from .text import printable
 
 _INDENT = "  "
-_STAT_HEADERS = ["shape", "dtype", "mean", "std", "min", "max", ""]
 CSV_COLUMNS = ["module_path", "relative_path", "call_index", "module_type", "phase", "depth", "slot", "order", "shape",
                "dtype", "mean", "std", "min", "max", "nan", "posinf", "neginf", "nonfinite", "has_payload"]
-_NONFINITE = operator.attrgetter("nonfinite")
 _WHOLE_EXPONENTS = ("e+04", "e+05", "e+06")  # what "%.4g" writes for the whole numbers from 1e4 to 1e6
 
 
@@ -89,45 +85,48 @@ def _node_line(node: NodeView, nonfinite: bool) -> str:
 
 def render_tree(view: TraceView) -> str:
     """The indented call tree with aligned statistics, a header and a NaN/Inf footer."""
-    # The table of tensors is built column by column: with a few hundred thousand tensors,
-    # each step taken once per tensor in Python counts.
-    tensors = list(chain.from_iterable(node.tensors for node in view.nodes))
-    any_nonfinite = any(map(_NONFINITE, tensors))
-    out: list[str | None] = [_header(view), "", None]  # None: a row of the table, set once the widths are known
+    tensors = [tensor for node in view.nodes for tensor in node.tensors]
+    any_nonfinite = any(tensor.nonfinite for tensor in tensors)
+    lines: list[str | None] = [_header(view), "", None]  # None: a row of the tensor table, known once it is built
     pads: list[str] = []  # the indent of each tensor's row
     phase = "forward"
     for node in view.nodes:
         if node.phase != phase:
             phase = node.phase
-            out.append(f"{phase} pass (gradients, in the order they arrived):")
-        node_tensors = node.tensors
-        out.append(_node_line(node, any_nonfinite and any([t.nonfinite for t in node_tensors])))
+            lines.append(f"{phase} pass (gradients, in the order they arrived):")
+        lines.append(_node_line(node, any_nonfinite and any(t.nonfinite for t in node.tensors)))
         pad = _INDENT * (node.depth + 1)
-        for slot, text in node.values:
-            out.append(f"{pad}{_slot(slot)} = {text}")
-        if node_tensors:
-            pads += [pad] * len(node_tensors)
-            out += [None] * len(node_tensors)
-    # A trace has few distinct slots, shapes and dtypes: each is written once.
-    slots, shapes, dtypes = (list(map(operator.attrgetter(name), tensors)) for name in ("slot", "shape", "dtype"))
-    slot_text = {slot: _slot(slot) for slot in set(slots)}
-    shape_text = {shape: _shape(shape) for shape in set(shapes)}
-    dtype_text = {dtype: (dtype or "?").removeprefix("torch.") for dtype in set(dtypes)}
+        lines += [f"{pad}{_slot(slot)} = {text}" for slot, text in node.values]
+        pads += [pad] * len(node.tensors)
+        lines += [None] * len(node.tensors)
+    rows = iter(_tensor_table(tensors, pads, any_nonfinite))
+    text = "\n".join([next(rows) if line is None else line for line in lines] + ["", _footer(view), ""])
+    return _printable(text)  # no terminal escapes from trace names
+
+
+def _tensor_table(tensors: list[TensorView], pads: list[str], any_nonfinite: bool) -> list[str]:
+    """The table's header row, then one row per tensor: names and shapes left-aligned, statistics right-aligned.
+
+    Built a column at a time, and each distinct slot, shape and dtype (a trace has few) formatted once: with a
+    few hundred thousand tensors, every step taken per tensor counts.
+    """
+    slot_text = {t.slot: _slot(t.slot) for t in tensors}
+    shape_text = {t.shape: _shape(t.shape) for t in tensors}
+    dtype_text = {t.dtype: (t.dtype or "?").removeprefix("torch.") for t in tensors}
     columns = [
-        ["module / tensor", *map(operator.add, pads, map(slot_text.__getitem__, slots))],
-        [_STAT_HEADERS[0], *map(shape_text.__getitem__, shapes)],
-        [_STAT_HEADERS[1], *map(dtype_text.__getitem__, dtypes)],
-        *([header, *_numbers(list(map(operator.attrgetter(name), tensors)))]
-          for header, name in zip(_STAT_HEADERS[2:6], ("mean", "std", "min", "max"))),
-        [_STAT_HEADERS[6], *(map(_flag, tensors) if any_nonfinite else [""] * len(tensors))],
+        ["module / tensor", *[pad + slot_text[t.slot] for pad, t in zip(pads, tensors)]],
+        ["shape", *[shape_text[t.shape] for t in tensors]],
+        ["dtype", *[dtype_text[t.dtype] for t in tensors]],
+        ["mean", *_numbers([t.mean for t in tensors])],
+        ["std", *_numbers([t.std for t in tensors])],
+        ["min", *_numbers([t.min for t in tensors])],
+        ["max", *_numbers([t.max for t in tensors])],
+        ["", *([_flag(t) for t in tensors] if any_nonfinite else [""] * len(tensors))],
     ]
-    widths = [max(map(len, column)) for column in columns]
-    # Statistics (mean..max) right-aligned, the rest left-aligned.
-    row = "  ".join(f"%{'' if 3 <= i < 7 else '-'}{width}s" for i, width in enumerate(widths))
-    rows = map(str.rstrip, map(row.__mod__, zip(*columns)))
-    lines = [next(rows) if line is None else line for line in out]
-    lines += ["", _footer(view), ""]  # "": the text ends with a newline
-    return _printable("\n".join(lines))  # no terminal escapes from trace names
+    statistics = range(3, 7)
+    template = "  ".join(f"%{'' if i in statistics else '-'}{max(map(len, column))}s"
+                         for i, column in enumerate(columns))
+    return [(template % cells).rstrip() for cells in zip(*columns)]
 
 
 # Printable ASCII, tab and newline: a text of these alone is what ``printable`` returns.

@@ -146,7 +146,7 @@ def _row(setup: CallSetup, record: TensorRecord, a: torch.Tensor | None, b: torc
     if tuple(a.shape) != tuple(b.shape):
         return ReplayedTensor(**base, verdict=NOT_COMPARABLE,
                               reason=f"shapes differ: A {tuple(a.shape)}, B {tuple(b.shape)}")
-    default_rtol, default_atol = default_tolerance(str(a.dtype), str(b.dtype))
+    default_atol, default_rtol = default_tolerance(str(a.dtype), str(b.dtype))
     atol = default_atol if setup.atol is None else setup.atol
     rtol = default_rtol if setup.rtol is None else setup.rtol
     b_cpu = b.detach().to("cpu")

@@ -18,13 +18,11 @@ from ...maps.rules import RenameRules, SlotRules
 from ...maps.suggest import suggest_rules
 from ...trace.load import Trace
 from ...trace.model import Node, TensorRecord
-from ..result import TensorComparison, Unmatched, fill
+from ..result import Job, TensorComparison, Unmatched, fill
 from .calls import Matching, match_nodes
 from .layout import Transform, compare_transformed, find_fused, find_relayout
 from .slots import pair_tensors
 from .unrecorded import all_unrecorded
-
-Job = tuple[Node, TensorRecord, Node, TensorRecord]
 
 # below this share of B's calls paired by name or map, the report warns (it never switches to structure)
 LOW_COVERAGE = 0.5

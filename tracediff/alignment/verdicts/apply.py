@@ -26,8 +26,7 @@ from typing import Any
 from ...compare.records import compare_records
 from ...errors import UsageError
 from ...trace.load import Trace
-from ...trace.model import Node, TensorRecord
-from ..result import TensorComparison
+from ..result import Job, TensorComparison
 from .noise import (
     accept_by_relative_norm,
     apply_floor,
@@ -38,7 +37,6 @@ from .noise import (
 )
 from .sources import find_sources
 
-Job = tuple[Node, TensorRecord, Node, TensorRecord]
 Runner = Callable[[Callable[[int], Any], Iterable[int]], list[Any]]
 
 
