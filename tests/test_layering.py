@@ -1,6 +1,6 @@
 """The package's layers, read from the import statements of every module (module level and inside functions).
 
-cli -> demo -> render -> alignment / steps / show / replaying -> capturing -> trace -> the base
+cli -> demo -> render -> alignment / steps / show / replaying / importers -> capturing -> trace -> the base
 (``format``, ``errors``, ``_io`` and the other private top-level modules), in that direction only:
 the core never imports the command line or a renderer. ``Alignment.to_html()`` reaches the renderer
 through the registry in ``tracediff._display``, which the render package fills.
@@ -24,14 +24,15 @@ ALLOWED: dict[str, set[str]] = {
     "capturing": {"base", "trace"},
     "alignment": {"base", "trace"},
     "show": {"base", "trace"},
+    "importers": {"base", "trace"},
     "steps": {"base", "trace", "capturing"},
     "replaying": {"base", "trace", "capturing", "alignment"},
     "render": {"base", "trace", "capturing", "alignment", "show", "steps", "replaying"},
     "demo": {"base", "trace", "capturing", "alignment", "render"},
-    "cli": {"base", "trace", "capturing", "alignment", "show", "steps", "replaying", "render", "demo"},
-    "entry": {"base", "trace", "capturing", "alignment", "show", "steps", "replaying", "cli"},
+    "cli": {"base", "trace", "capturing", "alignment", "show", "steps", "replaying", "render", "demo", "importers"},
+    "entry": {"base", "trace", "capturing", "alignment", "show", "steps", "replaying", "cli", "importers"},
 }
-CORE = {"base", "trace", "capturing", "alignment", "show", "steps", "replaying"}
+CORE = {"base", "trace", "capturing", "alignment", "show", "steps", "replaying", "importers"}
 BASE_MODULES = {"errors", "format"}  # and every private top-level module (_io, _display, _version...)
 
 

@@ -286,6 +286,17 @@ def read_tensor_file(path: Path, key: str = PAYLOAD_KEY) -> torch.Tensor:
         raise PayloadError(f"{path}: not a readable safetensors file ({first})") from e
 
 
+def check_out_dir(out_dir: Path, *, overwrite: bool) -> None:
+    """Refuse an ``out_dir`` that is a file, or that is not empty unless ``overwrite``; change nothing."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise OutputDirError(f"{out_dir}: is a file, not a directory")
+    if out_dir.is_dir() and any(out_dir.iterdir()) and not overwrite:
+        raise OutputDirError(f"{out_dir}: is not empty; refusing to overwrite a trace (use --overwrite)")
+    existing = next((p for p in [out_dir, *out_dir.absolute().parents] if p.exists()), None)
+    if existing is None or not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        raise OutputDirError(f"{out_dir}: cannot write here ({existing} is not a writable directory)")
+
+
 def ensure_writable_dir(path: Path) -> None:
     """Create ``path`` if needed and check that files can be made in it."""
     if path.exists() and not path.is_dir():

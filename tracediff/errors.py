@@ -22,6 +22,7 @@ __all__ = [
     "InputsFileError",
     "OutputDirError",
     "UsageError",
+    "DumpFormatError",
 ]
 
 
@@ -55,3 +56,7 @@ class OutputDirError(TracediffError, OSError):
 
 class UsageError(TracediffError, ValueError):
     """Arguments that do not fit together (a bad tolerance pattern, an unknown format)."""
+
+
+class DumpFormatError(TracediffError, ValueError):
+    """A dump to import (``tracediff import``) is malformed, unsafe, or not of the kind named."""

@@ -96,7 +96,7 @@ def claim_folder(folder: Path, *, overwrite: bool) -> FolderClaim:
     Raises ``OutputDirError`` (one line naming the folder) when it is a file,
     not writable, locked by a running capture, or not empty without ``overwrite``.
     """
-    from .session import check_out_dir
+    from .._io import check_out_dir
 
     key = folder.absolute()
     if key in _HELD:

@@ -30,7 +30,6 @@ bit-identical (see ``CaptureSession.verification``).
 from __future__ import annotations
 
 import datetime as _dt
-import os
 import platform
 import random
 import sys
@@ -49,7 +48,7 @@ from .. import format as fmt
 from .._display import short_repr, summary_html
 from .._io import ensure_writable_dir, write_json, write_json_pair
 from .._version import __version__
-from ..errors import OutputDirError, TracediffError, UsageError
+from ..errors import TracediffError, UsageError
 from ._patch import ForwardPatch
 from ._tree import prune_intermediate_layers, trace_file_names
 from .backward import BackwardRecorder
@@ -218,17 +217,6 @@ def _set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
     if "cuda" in state:
         torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def check_out_dir(out_dir: Path, *, overwrite: bool) -> None:
-    """Refuse an ``out_dir`` that is a file, or that is not empty unless ``overwrite``; change nothing."""
-    if out_dir.exists() and not out_dir.is_dir():
-        raise OutputDirError(f"{out_dir}: is a file, not a directory")
-    if out_dir.is_dir() and any(out_dir.iterdir()) and not overwrite:
-        raise OutputDirError(f"{out_dir}: is not empty; refusing to overwrite a trace (use --overwrite)")
-    existing = next((p for p in [out_dir, *out_dir.absolute().parents] if p.exists()), None)
-    if existing is None or not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
-        raise OutputDirError(f"{out_dir}: cannot write here ({existing} is not a writable directory)")
 
 
 # The folder is taken, checked and cleared by ``journal.claim_folder``: lock first, then only the earlier trace's

@@ -26,13 +26,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from .._io import ensure_writable_dir, read_tensor_file
+from .._io import check_out_dir, ensure_writable_dir, read_tensor_file
 from .._safe_read import check_regular_file
 from ..errors import CaptureSpecError, InputsFileError, OutputDirError
 from .conditions import parse_device, parse_dtype, to_conditions
 from .journal import claim_folder
 from .pipeline import DEFAULT_POOL_MB
-from .session import CaptureSession, capture, check_out_dir
+from .session import CaptureSession, capture
 
 Inputs = tuple[tuple[Any, ...], dict[str, Any]]
 
