@@ -66,6 +66,7 @@ def test_nested_folders_dict_files_and_every_format(tmp_path: Path) -> None:
     np.save(src / "layers" / "0" / "output.npy", np.ones((2, 3), dtype=np.float16))
     np.savez(src / "head.npz", inputs=np.zeros(3, dtype=np.int64), outputs=np.ones(3, dtype=np.int64))
     save_file({"data": torch.ones(4, dtype=torch.bfloat16)}, str(src / "norm.safetensors"))
+    torch.save(torch.zeros(2, dtype=torch.int32), src / "legacy.pth", _use_new_zipfile_serialization=False)
     (src / "README.txt").write_text("not a tensor")
     result = import_dump("tensors", src, out=tmp_path / "t")
     trace = tracediff.load_trace(tmp_path / "t")
@@ -74,7 +75,7 @@ def test_nested_folders_dict_files_and_every_format(tmp_path: Path) -> None:
                      ("Model.layers.0.mlp.call", "outputs", "torch.float32"),
                      ("Model.layers.0", "outputs", "torch.float16"),
                      ("Model.head", "inputs.args.0", "torch.int64"), ("Model.head", "outputs", "torch.int64"),
-                     ("Model.norm", "outputs", "torch.bfloat16")}
+                     ("Model.norm", "outputs", "torch.bfloat16"), ("Model.legacy", "outputs", "torch.int32")}
     node = next(n for n, r in trace.records() if n.module_path == "Model.layers.0.mlp.call")
     assert node.parent is not None and node.parent.module_path == "Model.layers.0"
     assert torch.equal(trace.load(node.tensors[1]), x * 2)

@@ -249,13 +249,32 @@ def read_pt(path: Path, root: Path) -> list[Tensor]:
         raise DumpFormatError(f"{path}: the PyTorch file is {size:,} bytes, over the limit of {PT_LIMIT:,}; refused")
     with os.fdopen(fd, "rb") as f:
         try:
-            loaded = torch.load(f, map_location="cpu", weights_only=True)
+            loaded = _load(torch, f)
         except pickle.UnpicklingError as e:
             raise DumpFormatError(f"{path}: holds pickled objects other than tensors, which are never unpickled "
                                   f"(torch.load(weights_only=True) refused: {_first(e)})") from None
         except (RuntimeError, ValueError, OSError, EOFError, AttributeError, KeyError, TypeError) as e:
             raise DumpFormatError(f"{path}: not a readable PyTorch file ({_first(e)})") from None
     return [_from_torch(path, key, t) for key, t in _leaves(loaded, ())]
+
+
+def _load(torch: Any, f: Any) -> Any:
+    """``torch.load(weights_only=True)`` of the open file, memory-mapped where it can be.
+
+    Mapping (``mmap=True``) needs a path: ``/proc/self/fd/N`` names the file
+    already opened and checked, not the name again. The import then copies
+    each tensor once instead of reading it first. Files of the legacy format,
+    and systems without ``/proc``, are read through the file object.
+    """
+    path = f"/proc/self/fd/{f.fileno()}"
+    if os.path.exists(path):
+        try:
+            return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError as e:
+            if "mmap" not in str(e):
+                raise
+            f.seek(0)
+    return torch.load(f, map_location="cpu", weights_only=True)
 
 
 def _leaves(value: Any, key: tuple[str, ...]) -> Iterator[tuple[tuple[str, ...], Any]]:
