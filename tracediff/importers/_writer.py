@@ -3,8 +3,8 @@ that is renamed into place at the end, so that a failed import leaves nothing be
 
 Names and entries come from :mod:`tracediff.format`. A tensor whose bytes lie
 in the dump file as they are (``.npy``, ``.safetensors``) is copied by the
-kernel (:func:`copy_range`: ``copy_file_range``, no pass through Python), so
-an import runs at the speed of the disk.
+kernel (:func:`copy_range`: ``sendfile``, no pass through Python), so an
+import runs at about the speed of a plain copy.
 """
 
 from __future__ import annotations
@@ -97,15 +97,19 @@ class TraceWriter:
 
 def copy_range(source: int, target: int, offset: int, count: int, path: Path) -> None:
     """Append ``count`` bytes of ``source`` from ``offset`` to ``target``: in the kernel where it can
-    (``copy_file_range``), else through a bounded buffer."""
+    (``sendfile`` between two files, Linux), else through a bounded buffer.
+
+    ``copy_file_range`` was measured too: no faster here, and slower in some runs
+    (``bench/README.md``, "Import speed").
+    """
     done = 0
-    use_kernel = hasattr(os, "copy_file_range")
+    use_kernel = hasattr(os, "sendfile")
     while done < count:
         step = min(count - done, 1 << 30)
         if use_kernel:
             try:
-                n = os.copy_file_range(source, target, step, offset + done)
-            except OSError:  # another file system, or a kernel without it: copy through a buffer
+                n = os.sendfile(target, source, offset + done, step)
+            except OSError:  # a system whose sendfile needs a socket: copy through a buffer
                 use_kernel = False
                 continue
         else:
