@@ -1,11 +1,12 @@
-"""Reading the files of a dump: one walk of the folder, and one reader per tensor file format.
+"""Reading the files of a dump: one walk of the folder, and the formats whose bytes are copied as they are.
 
 Every file goes through :mod:`tracediff._safe_read` (confined to the dump
-folder after following links, regular files only, bounded), and nothing is
-ever unpickled: ``.npy`` and ``.npz`` are read with ``allow_pickle=False``,
-``.pt``/``.pth`` with ``torch.load(weights_only=True)``, ``.safetensors`` by
-its header. A reader returns :class:`Tensor` items that say where the bytes
-are; the writer copies them (:mod:`tracediff.importers._writer`).
+folder after following links, regular files only, bounded). ``.npy`` and
+``.safetensors`` files are read by their headers only, checked against the
+file's size: a reader returns :class:`Tensor` items that say where the bytes
+are, and the writer copies them (:mod:`tracediff.importers._writer`). The
+formats read through numpy or torch (``.npz``, ``.pt``) are in
+:mod:`tracediff.importers._decoded`, which also maps each suffix to its reader.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ from .._safe_read import GiB, MiB, confined, open_regular, parse_json
 from ..errors import DumpFormatError
 
 if TYPE_CHECKING:
-    import numpy as np
     import torch
 
 #: File name endings read as tensor files.
@@ -96,7 +96,7 @@ def walk(folder: Path) -> Iterator[tuple[Path, str]]:
             yield path, path.relative_to(folder).as_posix()
 
 
-def _open(path: Path, root: Path, what: str) -> tuple[int, int]:
+def open_file(path: Path, root: Path, what: str) -> tuple[int, int]:
     return open_regular(path, root=root, error=DumpFormatError, what=what)
 
 
@@ -110,7 +110,7 @@ def _pread(fd: int, size: int, offset: int, path: Path, what: str) -> bytes:
 
 def read_npy(path: Path, root: Path) -> list[Tensor]:
     """A ``.npy`` file: its header, checked against the file's size; the data is copied later, as it is."""
-    fd, size = _open(path, root, "npy file")
+    fd, size = open_file(path, root, "npy file")
     try:
         head = os.pread(fd, 12, 0)
         if len(head) < 10 or head[:6] != b"\x93NUMPY":
@@ -136,7 +136,9 @@ def read_npy(path: Path, root: Path) -> list[Tensor]:
         os.close(fd)
     if code is not None and not fortran:
         return [Tensor(path, (), SAFETENSORS_DTYPES[code][0], shape, code, offset=start, nbytes=nbytes)]
-    return [_from_numpy(path, (), _load_npy(path, root, descr))]  # big-endian or Fortran order: through numpy
+    from ._decoded import from_numpy, load_npy  # big-endian or Fortran order: through numpy
+
+    return [from_numpy(path, (), load_npy(path, root, descr))]
 
 
 def _npy_header(text: bytes, path: Path) -> tuple[str, bool, tuple[int, ...]]:
@@ -152,20 +154,9 @@ def _npy_header(text: bytes, path: Path) -> tuple[str, bool, tuple[int, ...]]:
     return header["descr"], header["fortran_order"], tuple(header["shape"])
 
 
-def _load_npy(path: Path, root: Path, descr: str) -> np.ndarray:
-    import numpy as np
-
-    fd, _ = _open(path, root, "npy file")
-    with os.fdopen(fd, "rb") as f:
-        try:
-            return np.lib.format.read_array(f, allow_pickle=False)
-        except (ValueError, OSError, EOFError) as e:
-            raise DumpFormatError(f"{path}: cannot read the .npy data of dtype {descr!r} ({_first(e)})") from None
-
-
 def read_safetensors(path: Path, root: Path) -> list[Tensor]:
     """A ``.safetensors`` file: every tensor of its header, in the order of their data, checked against the file."""
-    fd, size = _open(path, root, "safetensors file")
+    fd, size = open_file(path, root, "safetensors file")
     try:
         head = os.pread(fd, 8, 0)
         length = int.from_bytes(head, "little") if len(head) == 8 else -1
@@ -207,117 +198,6 @@ def _safetensors_entry(path: Path, key: str, entry: Any) -> tuple[str, tuple[int
     return str(code), tuple(shape), (span[0], span[1])
 
 
-def read_npz(path: Path, root: Path) -> list[Tensor]:
-    """An ``.npz`` archive: each ``.npy`` member, decompressed within bounds, never unpickled."""
-    import zipfile
-
-    fd, _ = _open(path, root, "npz file")
-    tensors, total = [], 0
-    with os.fdopen(fd, "rb") as f:
-        try:
-            archive = zipfile.ZipFile(f)
-            for info in archive.infolist():
-                total += info.file_size
-                if info.file_size > NPZ_LIMIT or total > NPZ_LIMIT:
-                    raise DumpFormatError(f"{path}: member {info.filename!r} decompresses beyond the limit of "
-                                          f"{NPZ_LIMIT:,} bytes; refused")
-                name = info.filename.removesuffix(".npy")
-                with archive.open(info) as member:
-                    import numpy as np
-
-                    array = np.lib.format.read_array(member, allow_pickle=False)
-                tensors.append(_from_numpy(path, (name,), array))
-        except (zipfile.BadZipFile, ValueError, OSError, EOFError, NotImplementedError) as e:
-            raise DumpFormatError(f"{path}: not a readable .npz archive ({_first(e)})") from None
-    return tensors
-
-
-def read_pt(path: Path, root: Path) -> list[Tensor]:
-    """A ``.pt``/``.pth`` file through ``torch.load(weights_only=True)``: a tensor, or dicts and lists of them.
-
-    A file that needs anything else unpickled (a class, a function) is
-    refused: the weights-only unpickler never runs code. Values that are not
-    tensors (numbers, strings) are left out.
-    """
-    import pickle
-
-    import torch
-
-    fd, size = _open(path, root, "PyTorch file")
-    if size > PT_LIMIT:
-        os.close(fd)
-        raise DumpFormatError(f"{path}: the PyTorch file is {size:,} bytes, over the limit of {PT_LIMIT:,}; refused")
-    with os.fdopen(fd, "rb") as f:
-        try:
-            loaded = _load(torch, f)
-        except pickle.UnpicklingError as e:
-            raise DumpFormatError(f"{path}: holds pickled objects other than tensors, which are never unpickled "
-                                  f"(torch.load(weights_only=True) refused: {_first(e)})") from None
-        except (RuntimeError, ValueError, OSError, EOFError, AttributeError, KeyError, TypeError) as e:
-            raise DumpFormatError(f"{path}: not a readable PyTorch file ({_first(e)})") from None
-    return [_from_torch(path, key, t) for key, t in _leaves(loaded, ())]
-
-
-def _load(torch: Any, f: Any) -> Any:
-    """``torch.load(weights_only=True)`` of the open file, memory-mapped where it can be.
-
-    Mapping (``mmap=True``) needs a path: ``/proc/self/fd/N`` names the file
-    already opened and checked, not the name again. The import then copies
-    each tensor once instead of reading it first. Files of the legacy format,
-    and systems without ``/proc``, are read through the file object.
-    """
-    path = f"/proc/self/fd/{f.fileno()}"
-    if os.path.exists(path):
-        try:
-            return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-        except RuntimeError as e:
-            if "mmap" not in str(e):
-                raise
-            f.seek(0)
-    return torch.load(f, map_location="cpu", weights_only=True)
-
-
-def _leaves(value: Any, key: tuple[str, ...]) -> Iterator[tuple[tuple[str, ...], Any]]:
-    import torch
-
-    if isinstance(value, torch.Tensor):
-        yield key, value
-    elif isinstance(value, dict):
-        for k, item in value.items():
-            yield from _leaves(item, (*key, str(k)))
-    elif isinstance(value, (list, tuple)):
-        for i, item in enumerate(value):
-            yield from _leaves(item, (*key, str(i)))
-
-
-def _from_numpy(path: Path, key: tuple[str, ...], array: np.ndarray) -> Tensor:
-    import numpy as np
-    import torch
-
-    if array.dtype.hasobject or array.dtype.str.lstrip("<>|=") not in {c.lstrip("<|") for c in NPY_CODES}:
-        raise DumpFormatError(f"{path}: {'/'.join(key) or 'the array'} has dtype {array.dtype.str!r}, which "
-                              "tracediff does not read")
-    little = np.ascontiguousarray(array.astype(array.dtype.newbyteorder("<"), copy=False))
-    return _from_torch(path, key, torch.from_numpy(little))
-
-
-def _from_torch(path: Path, key: tuple[str, ...], tensor: torch.Tensor) -> Tensor:
-    name = str(tensor.dtype).removeprefix("torch.")
-    code = next((c for c, (n, _) in SAFETENSORS_DTYPES.items() if n == name), None)
-    if code is None:
-        raise DumpFormatError(f"{path}: {'/'.join(key) or 'the tensor'} has dtype {tensor.dtype}, which cannot "
-                              "be stored in a trace")
-    return Tensor(path, key, name, tuple(tensor.shape), code, value=tensor)
-
-
-def _first(error: BaseException) -> str:
+def first_line(error: BaseException) -> str:
     text = str(error).strip()
     return text.splitlines()[0][:200] if text else type(error).__name__
-
-
-READERS = {".npy": read_npy, ".npz": read_npz, fmt.PAYLOAD_SUFFIX: read_safetensors, ".pt": read_pt, ".pth": read_pt}
-
-
-def read_tensor_file(path: Path, root: Path) -> list[Tensor]:
-    """The tensors of one dump file, by its suffix (``TENSOR_SUFFIXES``)."""
-    return READERS[path.suffix.lower()](path, root)

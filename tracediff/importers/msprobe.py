@@ -40,7 +40,8 @@ from typing import Any
 from .. import format as fmt
 from .._safe_read import SMALL_JSON_LIMIT, TRACE_JSON_LIMIT, read_json_file
 from ..errors import DumpFormatError
-from ._files import TENSOR_SUFFIXES, read_tensor_file
+from ._decoded import read_tensor_file
+from ._files import TENSOR_SUFFIXES
 from ._writer import TraceWriter
 from .detect import one_msprobe_dump
 from .tensors import Imported

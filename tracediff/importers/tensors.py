@@ -26,7 +26,8 @@ from typing import Any
 
 from .. import format as fmt
 from ..errors import DumpFormatError
-from ._files import TENSOR_SUFFIXES, Tensor, read_tensor_file, walk
+from ._decoded import read_tensor_file
+from ._files import TENSOR_SUFFIXES, Tensor, walk
 from ._writer import TraceWriter
 from .names import _IO, Place, compile_pattern, place_of
 
