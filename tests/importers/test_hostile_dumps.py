@@ -127,3 +127,17 @@ def test_align_on_a_folder_that_is_neither_keeps_the_trace_error(tmp_path: Path,
     assert code == 2 and out == ""
     assert err == (f"tracediff align: error: {tmp_path / 'empty'}: no *_debug_tree_FULL_TENSORS.json or "
                    "*_debug_tree_SUMMARY.json found\n")
+
+
+def test_two_files_for_one_slot(src: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (src / "layers").mkdir()
+    np.save(src / "layers" / "0.npy", np.ones((2, 3), dtype=np.float32))
+    code, err = _import(src, tmp_path, capsys)
+    assert (code, err) == (2, f"tracediff import: error: {src / 'layers' / '0.npy'}: layers.0 (call 0) outputs is "
+                              f"also given by {src / 'layers.0.npy'}; name each tensor once\n")
+
+
+def test_a_file_is_not_a_dump_folder(src: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, err = _import(src / "layers.0.npy", tmp_path, capsys)
+    assert (code, err) == (2, f"tracediff import: error: {src / 'layers.0.npy'}: not a folder; a dump is a folder "
+                              "(for one tensor file, put it in a folder of its own)\n")

@@ -115,7 +115,8 @@ def import_dump(kind: str, src: str | Path, *, out: str | Path, pattern: str | N
         raise UsageError(f"pattern= applies to the tensors kind only, not to {kind}")
     source, target = Path(src), Path(out)
     if not source.is_dir():
-        raise DumpFormatError(f"{source}: no such dump folder")
+        raise DumpFormatError(f"{source}: {'not a folder' if source.exists() else 'no such folder'}; a dump is a "
+                              "folder (for one tensor file, put it in a folder of its own)")
     started = time.perf_counter()
     with staged_trace(target, source, overwrite=overwrite) as staging:
         writer = TraceWriter(staging, source.resolve())

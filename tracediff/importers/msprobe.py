@@ -49,9 +49,7 @@ from .tensors import Imported
 _MODULE = re.compile(r"^(?:Module|Cell)\.(?P<path>.+)\.(?P<cls>[^.]+)\.(?P<dir>forward|backward|parameters_grad)"
                      r"\.(?P<k>\d+)$")
 _API = re.compile(r"^(?P<prefix>[A-Za-z_]+)\.(?P<api>.+)\.(?P<k>\d+)\.(?P<dir>forward|backward)$")
-_OP_PREFIXES = {"Functional": "torch.nn.functional", "Tensor": "torch.Tensor", "Torch": "torch",
-                "Aten": "torch.ops.aten", "Mint": "mindspore.mint", "MintFunctional": "mindspore.mint.nn.functional",
-                "Jit": "mindspore.jit"}
+_OP_PREFIXES = {"Functional": "torch.nn.functional", "Tensor": "torch.Tensor", "Torch": "torch"}
 ORDER = "the order of dump.json's records (msprobe writes each when its call finishes)"
 
 

@@ -43,7 +43,7 @@ class _Call:
     order: tuple[Any, ...]
     inputs: dict[int, dict[str, Any]] = field(default_factory=dict)
     outputs: dict[int | None, dict[str, Any]] = field(default_factory=dict)
-    where: dict[tuple[str, int | None], str] = field(default_factory=dict)
+    where: dict[tuple[str, int], str] = field(default_factory=dict)
     children: list[_Call] = field(default_factory=list)
     first: tuple[Any, ...] = ()
 
@@ -115,14 +115,13 @@ def _add(calls: dict[tuple[str, int], _Call], place: Place, tensor: Tensor, writ
     if call is None:
         call = calls[(place.module, place.call)] = _Call(place.module, place.call, order)
     call.order = min(call.order, order)
-    slot = (place.io, place.index)
-    if slot in call.where or (place.io == "outputs" and (place.index is None) != (None in call.outputs)
-                              and call.outputs and (0 if place.index is None else place.index) in
-                              {0 if i is None else i for i in call.outputs}):
-        earlier = call.where.get(slot) or next(iter(call.where.values()))
-        raise DumpFormatError(f"{where}: {place.module} (call {place.call}) {place.io} "
-                              f"{'' if place.index is None else place.index} is also given by {earlier}")
-    call.where[slot] = where
+    position = (place.io, place.index or 0)  # "output" and "output_0" name the same slot
+    earlier = call.where.get(position)
+    if earlier is not None:
+        slot = place.io if place.index is None else f"{place.io} {place.index}"
+        raise DumpFormatError(f"{where}: {place.module} (call {place.call}) {slot} is also given by {earlier}; "
+                              "name each tensor once")
+    call.where[position] = where
     prefix = fmt.call_prefix(f"{model_name}.{place.module}", place.call)
     if place.io == "inputs":
         index = place.index or 0
