@@ -51,11 +51,19 @@ def test_align_takes_the_dumps_directly_and_says_so(layer_dumps: tuple[Path, Pat
     assert len(list(reference.iterdir())) == 10
 
 
+def test_the_table_names_the_importer(layer_dumps: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = cli(["align", str(layer_dumps[0]), str(layer_dumps[1])], capsys)
+    assert code == 1
+    assert out.splitlines()[:2] == [f"A: {layer_dumps[0]} (Model, imported from a dump of kind tensors)",
+                                    f"B: {layer_dumps[1]} (Model, imported from a dump of kind tensors)"]
+
+
 def test_show_takes_a_dump_and_names_its_importer(layer_dumps: tuple[Path, Path],
                                                   capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = cli(["show", str(layer_dumps[0])], capsys)
     assert code == 0
-    assert out.splitlines()[0] == f"Model: tracediff trace imported from a tensors dump at {layer_dumps[0]}; 11 calls"
+    assert out.splitlines()[0] == (f"Model: tracediff trace imported from a dump of kind tensors at {layer_dumps[0]}; "
+                                   "11 calls")
 
 
 def test_nested_folders_dict_files_and_every_format(tmp_path: Path) -> None:
