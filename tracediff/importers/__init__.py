@@ -20,7 +20,11 @@ Kinds (``KINDS``):
   default reading does not fit;
 * ``msprobe``: a dump of Ascend's msprobe (``dump.json``, with one ``.pt``
   or ``.npy`` per tensor, or statistics only), forward and backward, module
-  and API records (:mod:`tracediff.importers.msprobe`).
+  and API records (:mod:`tracediff.importers.msprobe`);
+* ``polygraphy``: the per-layer outputs NVIDIA's Polygraphy saves from ONNX
+  Runtime or TensorRT (``polygraphy run --onnx-outputs mark all
+  --save-outputs``), one op node per ONNX node output, in module scopes
+  (:mod:`tracediff.importers.polygraphy`).
 
 The rules of every reader of tracediff hold: files are read confined to the
 dump folder (a link out of it is refused), regular files only, with bounded
@@ -89,9 +93,9 @@ def import_dump(kind: str, src: str | Path, *, out: str | Path, pattern: str | N
     """Write the dump ``src`` of ``kind`` as a trace into the folder ``out``.
 
     Args:
-        kind: ``"tensors"`` or ``"msprobe"`` (``KINDS``); ``detect_kind(src)``
-            tells which a folder is.
-        src: the dump folder. Nothing is written into it.
+        kind: ``"tensors"``, ``"msprobe"`` or ``"polygraphy"`` (``KINDS``);
+            ``detect_kind(src)`` tells which a folder is.
+        src: the dump folder (for ``polygraphy``, also the JSON file). Nothing is written into it.
         out: the trace folder to write; it must not exist or be empty, or, with
             ``overwrite``, hold only a trace's files. It must not lie inside ``src``.
         pattern: ``tensors`` only: how names map to module path, call and slot,
@@ -114,20 +118,24 @@ def import_dump(kind: str, src: str | Path, *, out: str | Path, pattern: str | N
     if pattern is not None and kind != "tensors":
         raise UsageError(f"pattern= applies to the tensors kind only, not to {kind}")
     source, target = Path(src), Path(out)
-    if not source.is_dir():
+    if not source.is_dir() and not (kind == "polygraphy" and source.is_file()):
         raise DumpFormatError(f"{source}: {'not a folder' if source.exists() else 'no such folder'}; a dump is a "
                               "folder (for one tensor file, put it in a folder of its own)")
     started = time.perf_counter()
     with staged_trace(target, source, overwrite=overwrite) as staging:
-        writer = TraceWriter(staging, source.resolve())
+        writer = TraceWriter(staging, (source if source.is_dir() else source.parent).resolve())
         if kind == "tensors":
             from .tensors import import_tensors
 
             built = import_tensors(source, writer, model_name=model_name, pattern=pattern)
-        else:
+        elif kind == "msprobe":
             from .msprobe import import_msprobe
 
             built = import_msprobe(source, writer, model_name=model_name)
+        else:
+            from .polygraphy import import_polygraphy
+
+            built = import_polygraphy(source, writer, model_name=model_name)
         settings = {"kind": kind, "source": str(source), "order": built.order}
         if pattern is not None:
             settings["pattern"] = pattern
@@ -158,15 +166,17 @@ def opened(path: str | Path) -> Iterator[Opened]:
     """
     from ..trace.load import find_trace_json
 
-    try:
-        find_trace_json(path)
-    except TraceFormatError:
-        kind = detect_kind(path)
-        if kind is None:
-            raise
-    else:
-        yield Opened(str(path), str(path))
-        return
+    kind = detect_kind(path) if Path(path).is_file() else None  # a Polygraphy JSON, or a trace JSON (None)
+    if kind is None:
+        try:
+            find_trace_json(path)
+        except TraceFormatError:
+            kind = detect_kind(path)
+            if kind is None:
+                raise
+        else:
+            yield Opened(str(path), str(path))
+            return
     folder = Path(tempfile.mkdtemp(prefix="tracediff-import-"))
     try:
         result = import_dump(kind, path, out=folder / "trace")

@@ -100,6 +100,15 @@ def open_file(path: Path, root: Path, what: str) -> tuple[int, int]:
     return open_regular(path, root=root, error=DumpFormatError, what=what)
 
 
+def read_head(path: Path, root: Path, size: int) -> bytes:
+    """The first ``size`` bytes (at most) of the regular file ``path`` inside ``root``: to recognise a file."""
+    fd, _ = open_file(path, root, "file")
+    try:
+        return os.pread(fd, size, 0)
+    finally:
+        os.close(fd)
+
+
 def _pread(fd: int, size: int, offset: int, path: Path, what: str) -> bytes:
     data = os.pread(fd, size, offset)
     if len(data) != size:

@@ -2,6 +2,8 @@
 
 * ``msprobe``: one ``dump.json`` in the folder or up to three levels below
   it (``step0/rank0/dump.json``); several are refused (name one folder);
+* ``polygraphy``: a Polygraphy RunResults JSON file (``polygraphy run
+  --save-outputs``), or a folder holding one and no tensor files;
 * ``tensors``: tensor files (``.npy``, ``.npz``, ``.safetensors``, ``.pt``,
   ``.pth``), except in a folder that holds tracediff's own files (metadata,
   journal, lock) or only ``.safetensors`` files at its top: that is a trace
@@ -17,7 +19,7 @@ from ..errors import DumpFormatError
 from ._files import TENSOR_SUFFIXES, walk
 
 #: The kinds ``import_dump`` reads.
-KINDS = ("tensors", "msprobe")
+KINDS = ("tensors", "msprobe", "polygraphy")
 MSPROBE_FILE = "dump.json"
 
 
@@ -48,9 +50,11 @@ def detect_kind(path: str | Path) -> str | None:
 
     Raises ``DumpFormatError`` when the folder holds several msprobe dumps.
     """
+    from .polygraphy import looks_like_run_results
+
     folder = Path(path)
     if not folder.is_dir():
-        return None
+        return "polygraphy" if looks_like_run_results(folder, folder.parent) else None
     if msprobe_dumps(folder):
         one_msprobe_dump(folder)
         return "msprobe"
@@ -58,7 +62,8 @@ def detect_kind(path: str | Path) -> str | None:
         return None
     tensor_files = [rel for _, rel in walk(folder) if rel.lower().endswith(TENSOR_SUFFIXES)]
     if not tensor_files:
-        return None
+        found = [p for p in folder.glob("*.json") if looks_like_run_results(p, folder)]
+        return "polygraphy" if len(found) == 1 else None
     if all("/" not in rel and rel.endswith(fmt.PAYLOAD_SUFFIX) for rel in tensor_files):
         return None  # a trace's payloads without its JSON
     return "tensors"

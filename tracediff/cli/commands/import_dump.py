@@ -15,11 +15,13 @@ EXAMPLE = """examples:
   tracediff import msprobe msprobe_dump/step0/rank0 --out traces/port
   tracediff import tensors dumps/reference --out traces/reference
   tracediff import tensors dumps/port --out traces/port --pattern 'step{call}/{module}/{io}'
+  tracediff import polygraphy onnxrt_outputs.json --out traces/onnxrt   # polygraphy run --save-outputs
   tracediff import auto dumps/port --out traces/port     # the kind the folder's files say
   tracediff align traces/reference traces/port
 
 Kinds: msprobe (Ascend msprobe's dump.json with its .pt/.npy files, or statistics
-only), tensors (a folder of .npy, .npz, .safetensors, .pt/.pth files named by module
+only), polygraphy (the JSON of polygraphy run --onnx-outputs mark all --save-outputs),
+tensors (a folder of .npy, .npz, .safetensors, .pt/.pth files named by module
 path: model.layers.0.mlp.npy, layers/0/mlp/output.pt, 003_layers.0.mlp.npy). --pattern
 fields: {module} {call} {io} {index} {order}, and * for any text in one folder level.
 align and show also take a dump directly when its kind is clear. Nothing is written
@@ -32,9 +34,9 @@ def register(sub: Any) -> None:
                                    "(payloads as safetensors), for align, show and replay.",
                        epilog=EXAMPLE + "\n\n" + exit_codes_help("imported"),
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("kind", metavar="KIND", choices=("auto", "tensors", "msprobe"),
-                   help="the dump's kind: tensors, msprobe, or auto (recognised from the folder)")
-    p.add_argument("src", metavar="SRC", help="the dump folder")
+    p.add_argument("kind", metavar="KIND", choices=("auto", "tensors", "msprobe", "polygraphy"),
+                   help="the dump's kind: tensors, msprobe, polygraphy, or auto (recognised from the folder)")
+    p.add_argument("src", metavar="SRC", help="the dump folder (polygraphy: also its JSON file)")
     p.add_argument("--out", required=True, metavar="DIR", help="trace folder to write (must be empty unless "
                                                                  "--overwrite)")
     p.add_argument("--pattern", metavar="TEMPLATE",
@@ -55,7 +57,8 @@ def run(args: argparse.Namespace) -> int:
         kind = detect_kind(args.src)
         if kind is None:
             raise DumpFormatError(f"{args.src}: not a dump tracediff recognises (no msprobe dump.json, no tensor "
-                                  "files); name the kind: tracediff import tensors|msprobe")
+                                  "files, no Polygraphy JSON); name the kind: tracediff import tensors|msprobe|"
+                                  "polygraphy")
     result = import_dump(kind, args.src, out=args.out, pattern=args.pattern, model_name=args.model_name,
                          overwrite=args.overwrite)
     for note in result.notes:
