@@ -46,7 +46,8 @@ def one_msprobe_dump(folder: Path) -> Path:
 
 
 def detect_kind(path: str | Path) -> str | None:
-    """The kind of dump at ``path`` (``"msprobe"``, ``"tensors"``), or None when it is not a dump tracediff reads.
+    """The kind of dump at ``path`` (``"msprobe"``, ``"polygraphy"``, ``"tensors"``), or None when it is not a dump
+    tracediff reads (a trace, say).
 
     Raises ``DumpFormatError`` when the folder holds several msprobe dumps.
     """
