@@ -32,6 +32,10 @@ def test_the_planted_bug_is_named_by_align(layer_dumps: tuple[Path, Path], tmp_p
     assert first is not None and (first.module_path_b, first.tensor) == ("Model.layers.1.fc", "outputs")
     assert (result.importer_a, result.importer_b) == ("tensors", "tensors")
     assert tracediff.align(tmp_path / "a", tmp_path / "a").passed
+    assert repr(a) == (f"ImportResult(kind='tensors', source='{reference}', out='{tmp_path / 'a'}', calls=10, "
+                       "tensors=10)")
+    assert ">calls ordered by</th><td style=\"text-align:left\">order named in the file names</td>" in a._repr_html_()
+    assert a.to_dict()["payload_files"] == 10 and a.gb_per_second > 0
 
 
 def test_align_takes_the_dumps_directly_and_says_so(layer_dumps: tuple[Path, Path],

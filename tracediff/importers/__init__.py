@@ -50,7 +50,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from .._display import short_repr
+from .._display import short_repr, summary_html
 from ..errors import DumpFormatError, TraceFormatError, UsageError
 from .detect import KINDS, detect_kind
 
@@ -86,6 +86,13 @@ class ImportResult:
     def __repr__(self) -> str:
         return short_repr(self, kind=self.kind, source=str(self.source), out=str(self.out), calls=self.calls,
                           tensors=self.tensors)
+
+    def _repr_html_(self) -> str:
+        facts = [("kind", self.kind), ("source", self.source), ("trace written", self.out), ("calls", self.calls),
+                 ("tensors", self.tensors), ("payload bytes", f"{self.payload_bytes:,}"),
+                 ("seconds", f"{self.seconds:.2f}"), ("calls ordered by", self.order),
+                 *(("note", note) for note in self.notes)]
+        return summary_html("ImportResult", facts)
 
 
 def import_dump(kind: str, src: str | Path, *, out: str | Path, pattern: str | None = None,
