@@ -43,6 +43,7 @@ SECTIONS = {
     "tracediff.replaying": "Replay",
     "tracediff.steps": "Training runs",
     "tracediff.show": "Show",
+    "tracediff.importers": "Import",
     "tracediff.errors": "Errors",
 }
 _ADDRESS = re.compile(r" at 0x[0-9A-Fa-f]+")

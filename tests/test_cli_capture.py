@@ -284,7 +284,8 @@ def test_no_command_prints_help_and_exits_2(capsys: pytest.CaptureFixture[str]) 
     assert code == 2 and stdout == "" and "capture" in stderr
 
 
-@pytest.mark.parametrize("command", [module.__name__.rsplit(".", 1)[1] for module in commands.ALL])
+@pytest.mark.parametrize("command", [getattr(module, "COMMAND", module.__name__.rsplit(".", 1)[1])
+                                     for module in commands.ALL])
 def test_every_command_has_help_with_an_example(command: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exited:
         main([command, "--help"])

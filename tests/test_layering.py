@@ -1,7 +1,7 @@
 """The package's layers, read from the import statements of every module (module level and inside functions).
 
 The folders draw the pipeline, and imports only go down it: cli -> demo -> render -> replaying / steps / show
--> alignment -> compare / maps -> capturing -> trace -> files -> the base (``format``, ``errors``,
+-> alignment -> compare / maps -> capturing / importers -> trace -> files -> the base (``format``, ``errors``,
 ``display``, ``_version``). The core never imports the command line or a renderer: ``Alignment.to_html()``
 reaches the renderer through the registry in ``tracediff.display``, which the render package fills. Inside
 ``alignment``, pairing (which call and tensor pairs with which) and verdicts (what the measured rows mean)
@@ -26,6 +26,7 @@ ALLOWED: dict[str, set[str]] = {
     "files": {"base"},
     "trace": {"base", "files"},
     "capturing": {"base", "files", "trace"},
+    "importers": {"base", "files", "trace"},
     "maps": {"base", "files", "trace"},
     "compare": {"base", "files", "trace"},
     "alignment": _CORE_BELOW_ALIGNMENT,
@@ -34,10 +35,12 @@ ALLOWED: dict[str, set[str]] = {
     "replaying": {*_CORE_BELOW_ALIGNMENT, "capturing", "alignment"},
     "render": {*_CORE_BELOW_ALIGNMENT, "capturing", "alignment", "show", "steps", "replaying"},
     "demo": {*_CORE_BELOW_ALIGNMENT, "capturing", "alignment", "render"},
-    "cli": {*_CORE_BELOW_ALIGNMENT, "capturing", "alignment", "show", "steps", "replaying", "render", "demo"},
-    "entry": {*_CORE_BELOW_ALIGNMENT, "capturing", "alignment", "show", "steps", "replaying", "cli"},
+    "cli": {*_CORE_BELOW_ALIGNMENT, "capturing", "importers", "alignment", "show", "steps", "replaying", "render",
+            "demo"},
+    "entry": {*_CORE_BELOW_ALIGNMENT, "capturing", "importers", "alignment", "show", "steps", "replaying", "cli"},
 }
-CORE = {"base", "files", "trace", "capturing", "maps", "compare", "alignment", "show", "steps", "replaying"}
+CORE = {"base", "files", "trace", "capturing", "importers", "maps", "compare", "alignment", "show", "steps",
+        "replaying"}
 BASE_MODULES = {"errors", "format", "display", "_version"}
 #: Inside alignment: what each part may import of the others (besides itself).
 ALIGNMENT_PARTS: dict[str, set[str]] = {

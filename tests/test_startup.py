@@ -30,7 +30,7 @@ _PROBE = textwrap.dedent("""
 
 
 def command_names() -> list[str]:
-    return [module.__name__.rpartition(".")[2] for module in commands.ALL]
+    return [getattr(module, "COMMAND", module.__name__.rpartition(".")[2]) for module in commands.ALL]
 
 
 def test_help_and_version_of_every_command_import_nothing_heavy() -> None:

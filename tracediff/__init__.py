@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from ._version import __version__
 from .errors import (
     CaptureSpecError,
+    DumpFormatError,
     InputsFileError,
     OutputDirError,
     PayloadError,
@@ -59,11 +60,14 @@ _LAZY = {
     "StepSummary": "steps",
     "replay": "replaying",
     "Replay": "replaying",
+    "import_dump": "importers",
+    "ImportResult": "importers",
 }
 
 if TYPE_CHECKING:
     from .alignment import Alignment, ArgumentDiff, TensorComparison, Unmatched, align, assert_traces_close
     from .capturing import CaptureSession, Verification, capture, model_addition_debugger_context
+    from .importers import ImportResult, import_dump
     from .replaying import Replay, replay
     from .steps import StepComparison, StepDivergence, StepRecorder, StepSummary, compare_steps
     from .trace import Node, TensorRecord, Trace, load_trace
@@ -94,4 +98,5 @@ __all__ = [
     "InputsFileError",
     "OutputDirError",
     "UsageError",
+    "DumpFormatError",
 ]

@@ -23,6 +23,7 @@ __all__ = [
     "InputsFileError",
     "OutputDirError",
     "UsageError",
+    "DumpFormatError",
 ]
 
 
@@ -60,3 +61,7 @@ class OutputDirError(TracediffError, OSError):
 
 class UsageError(TracediffError, ValueError):
     """Arguments that do not fit together (a bad tolerance pattern, an unknown format)."""
+
+
+class DumpFormatError(TracediffError, ValueError):
+    """A dump to import (``tracediff import``) is malformed, unsafe, or not of the kind named."""

@@ -64,6 +64,8 @@ PAYLOAD_REFERENCE_PREFIX = "./"
 RANK_FOLDER_PREFIX = "rank"
 TRACE_FILE_SUFFIXES = (PAYLOAD_SUFFIX, FULL_SUFFIX, SUMMARY_SUFFIX)
 SCHEMA_FILE = "trace_schema.json"
+#: The ``options`` key of a trace written by ``tracediff import``: ``{"kind", "source", ...}`` of the dump it came from.
+IMPORTER_OPTION = "importer"
 
 # --- node keys ----------------------------------------------------------------------------------------------
 
@@ -163,6 +165,17 @@ def payload_name(parent: str, key: str | int) -> str:
 def payload_stem(name: str) -> str:
     """``name`` with characters unsafe in file names replaced by ``_`` (before a ``~k`` collision suffix)."""
     return _UNSAFE_FILE_CHARS.sub("_", name)
+
+
+def unique_payload_stem(name: str, taken: set[str]) -> str:
+    """``payload_stem(name)``, with ``~1``, ``~2``, ... appended when it is in ``taken``; added to ``taken``."""
+    stem = base = payload_stem(name)
+    k = 0
+    while stem in taken:
+        k += 1
+        stem = f"{base}~{k}"
+    taken.add(stem)
+    return stem
 
 
 def payload_file_name(stem: str) -> str:

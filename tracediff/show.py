@@ -128,6 +128,7 @@ class TraceView:
     path: str | None = None
     depth: int | None = None
     incomplete_reason: str | None = None  # why the trace does not cover the whole forward (None: complete)
+    importer: str | None = None  # the kind of dump the trace was imported from (tracediff import), None: a capture
 
     @property
     def tensors(self) -> list[tuple[NodeView, TensorView]]:
@@ -171,7 +172,7 @@ class TraceView:
             "model_name": self.model_name, "producer": self.producer, "summary_only": self.summary_only,
             "complete": self.complete, "incomplete_reason": self.incomplete_reason,
             "total_calls": self.total_calls, "path": self.path, "depth": self.depth,
-            "first_nonfinite": self.first_nonfinite,
+            "first_nonfinite": self.first_nonfinite, "importer": self.importer,
         }
 
 
@@ -209,6 +210,7 @@ def show_trace(path_or_trace: str | Path | Trace, *, path: str | None = None, de
         producer=trace.producer, summary_only=trace.summary_only,
         complete=complete if isinstance(complete, bool) else None, total_calls=len(every),
         nodes=tuple(shown), path=path, depth=depth, incomplete_reason=trace.incomplete_reason,
+        importer=trace.importer,
     )
 
 

@@ -202,6 +202,7 @@ def align(
         matched_nodes=plan.matched_nodes,
         incomplete_a=trace_a.incomplete_reason, incomplete_b=trace_b.incomplete_reason,
         allow_incomplete=bool(allow_incomplete),
+        importer_a=trace_a.importer, importer_b=trace_b.importer,
     )
 
 

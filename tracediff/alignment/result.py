@@ -244,6 +244,8 @@ class Alignment:
     incomplete_b: str | None = None
     allow_incomplete: bool = False  # an incomplete trace fails the verdict unless this is set
     noise_factor: float | None = None  # the factor applied to the baseline's noise floor (None: no baseline)
+    importer_a: str | None = None  # the kind of dump trace A was imported from (tracediff import), None: a capture
+    importer_b: str | None = None
 
     @property
     def passed(self) -> bool:
@@ -375,6 +377,8 @@ class Alignment:
             "incomplete_b": self.incomplete_b,
             "allow_incomplete": self.allow_incomplete,
             "noise_factor": self.noise_factor,
+            "importer_a": self.importer_a,
+            "importer_b": self.importer_b,
         }
 
 

@@ -11,8 +11,9 @@ if TYPE_CHECKING:
 
 
 def add_alignment_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("a", metavar="A", help="reference trace folder (or its JSON file)")
-    parser.add_argument("b", metavar="B", help="trace folder to check")
+    parser.add_argument("a", metavar="A", help="reference trace folder (or its JSON file), or a dump that "
+                                               "`tracediff import` recognises (imported on the fly)")
+    parser.add_argument("b", metavar="B", help="trace folder (or dump) to check")
     parser.add_argument("--atol", action="append", metavar="F|PATTERN=F",
                         help="absolute tolerance, global or per module-path glob (repeatable)")
     parser.add_argument("--rtol", action="append", metavar="F|PATTERN=F",

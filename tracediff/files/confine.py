@@ -104,6 +104,17 @@ def check_regular_file(path: Path, *, root: Path | None = None, error: type[Trac
     return resolved
 
 
+def open_regular(path: Path, *, root: Path | None = None, error: type[TracediffError] = TraceFormatError,
+                 what: str = "file") -> tuple[int, int]:
+    """Open the regular file ``path`` (inside ``root`` when given) for reading; return ``(fd, size)``.
+
+    For readers that take only part of a file (a header, then byte ranges
+    copied without reading them into Python): the caller closes ``fd`` and
+    bounds what it reads by ``size``. Refusals are those of ``read_bounded``.
+    """
+    return _open_regular(confined(path, root), error, what)
+
+
 def read_bounded(path: Path, *, limit: int, root: Path | None = None,
                  error: type[TracediffError] = TraceFormatError, what: str = "file") -> bytes:
     """The bytes of the regular file ``path`` (inside ``root`` when given), at most ``limit`` of them.

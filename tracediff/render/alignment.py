@@ -71,14 +71,18 @@ def incomplete_lines(result: Alignment) -> list[str]:
             if why]
 
 
+def _imported(kind: str | None) -> str:
+    return f", imported from a dump of kind {kind}" if kind else ""
+
+
 def headline(result: Alignment) -> list[str]:
     """The summary lines shared by the table and Markdown outputs."""
     s = result.summary()
     statuses = ", ".join(f"{n} {status}" for status, n in sorted(s["statuses"].items())) or "nothing"
     how = "by structure" if result.structural else "by name"
     lines = [
-        f"A: {result.trace_a} ({result.model_a})",
-        f"B: {result.trace_b} ({result.model_b})",
+        f"A: {result.trace_a} ({result.model_a}{_imported(result.importer_a)})",
+        f"B: {result.trace_b} ({result.model_b}{_imported(result.importer_b)})",
         f"matched {s['matched_nodes']} module calls {how}{pairing_counts(result)}; "
         f"compared {s['compared']} tensors: {statuses}"
         + (f" ({s['approximate']} from statistics only)" if s["approximate"] else ""),

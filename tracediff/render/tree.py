@@ -142,6 +142,8 @@ def _printable(text: str) -> str:
 
 def _header(view: TraceView) -> str:
     kind = "summary (statistics only)" if view.summary_only else "trace"
+    if view.importer is not None:
+        kind += f" imported from a dump of kind {view.importer}"
     calls = sum(node.op is None for node in view.nodes)
     ops = len(view.nodes) - calls
     shown = f"{calls} of {view.total_calls} calls" if calls != view.total_calls else f"{view.total_calls} calls"

@@ -61,6 +61,14 @@ class Trace:
         return "tracediff" if self.metadata.get(fmt.PRODUCER_KEY) else "transformers"
 
     @property
+    def importer(self) -> str | None:
+        """The kind of dump this trace was imported from (``"msprobe"``, ``"tensors"``), or None for a capture."""
+        options = self.metadata.get("options")
+        found = options.get(fmt.IMPORTER_OPTION) if isinstance(options, dict) else None
+        kind = found.get("kind") if isinstance(found, dict) else None
+        return kind if isinstance(kind, str) else None
+
+    @property
     def summary_only(self) -> bool:
         return self.json_path.name.endswith(fmt.SUMMARY_SUFFIX)
 

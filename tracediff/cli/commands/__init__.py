@@ -1,5 +1,5 @@
 """One module per subcommand, each with ``register(subparsers)``."""
 
-from . import align, capture, demo, plot, replay, show, steps
+from . import align, capture, demo, import_dump, plot, replay, show, steps
 
-ALL = [demo, capture, show, align, replay, plot, steps]
+ALL = [demo, capture, import_dump, show, align, replay, plot, steps]

@@ -17,7 +17,8 @@ EXAMPLE = """examples:
   tracediff align traces/orig traces/port --map rename.json --format html -o report.html
   tracediff align traces/orig traces/port --suggest-map rename.json
   tracediff align traces/ref-fp32 traces/port-bf16 --baseline traces/ref-bf16   # judge against bf16 noise
-  tracediff align traces/ref traces/port --ignore 'rotary_emb' --next 1   # step past a benign difference"""
+  tracediff align traces/ref traces/port --ignore 'rotary_emb' --next 1   # step past a benign difference
+  tracediff align msprobe_dump/ref msprobe_dump/port   # dumps of other tools: see tracediff import --help"""
 
 
 def register(sub: Any) -> None:
@@ -29,7 +30,7 @@ def register(sub: Any) -> None:
                            "something diverges, cannot be read, or a trace is incomplete "
                            "(without --allow-incomplete)"),
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_alignment_options(p)
+    add_alignment_options(p)  # A, B and --baseline may also be dumps `tracediff import` reads (imported on the fly)
     p.add_argument("--suggest-map", metavar="FILE",
                    help="write every rename rule inferred from the pairs found by structure or layout (the "
                         "console shows the first 10 and the count); pass the file back with --map")
@@ -43,12 +44,20 @@ def register(sub: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ...files.atomic import write_json
     from .._alignment_options import run_alignment
+    from .._sources import dumps_as_traces, given_paths
     from ..process import paused_gc
 
-    with paused_gc():  # a row per tensor, nodes per call: nothing here is garbage worth scanning for
-        result = run_alignment(args, "align")
+    # dumps imported for the time of the run; a row per tensor, nodes per call: nothing is garbage worth scanning
+    with dumps_as_traces(args, "align", ("a", "b", "baseline")) as found, paused_gc():
+        result = given_paths(run_alignment(args, "align"), found)
+        return _report(result, args)
+
+
+def _report(result: Any, args: argparse.Namespace) -> int:
+    from ...files.atomic import write_json
+    from ..process import paused_gc
+
     if args.suggest_map:
         from ...render.matching import suggested_map
 

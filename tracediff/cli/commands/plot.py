@@ -32,9 +32,11 @@ def register(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from ...render.plot import check_plot_target, plot_alignment
     from .._alignment_options import run_alignment
+    from .._sources import dumps_as_traces, given_paths
 
     check_plot_target(args.output)  # fail before the alignment work when matplotlib is missing
-    result = run_alignment(args, "plot")
+    with dumps_as_traces(args, "plot", ("a", "b", "baseline")) as sources:
+        result = given_paths(run_alignment(args, "plot"), sources)
     path = plot_alignment(result, args.output, title=args.title)
     first = result.first_divergence
     found = f"first divergence: {first.module_path_b} {first.tensor}" if first is not None else \

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from typing import Any
 
 from .._output import add_output_options, emit
@@ -12,6 +13,7 @@ EXAMPLE = """examples:
   tracediff show traces/port
   tracediff show traces/port --path 'layers.0.*' --depth 1
   tracediff show traces/port --path '*.mlp' --format csv -o mlp.csv
+  tracediff show msprobe_dump/step0/rank0    # another tool's dump (see tracediff import --help)
 
 --path is a glob over module paths, relative (layers.0.mlp) or full
 (LlamaModel.layers.0.mlp); '*' also crosses dots. Matching calls are shown
@@ -25,7 +27,8 @@ def register(sub: Any) -> None:
                                    "mean, std, min and max of its tensors; NaN/Inf flagged.",
                        epilog=EXAMPLE + "\n\n" + exit_codes_help("shown (an incomplete trace is shown and says so)"),
                        formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("trace", metavar="TRACE", help="trace folder (or its JSON file)")
+    p.add_argument("trace", metavar="TRACE", help="trace folder (or its JSON file), or a dump that `tracediff "
+                                                  "import` recognises (imported on the fly)")
     p.add_argument("--path", metavar="GLOB", help="only calls whose module path matches GLOB (and their subtrees)")
     p.add_argument("--depth", type=_depth, metavar="N", help="levels shown below the root (or below each match)")
     add_output_options(p, ["table", "json", "csv"])
@@ -45,10 +48,14 @@ def _depth(text: str) -> int:
 def run(args: argparse.Namespace) -> int:
     from ...render.tree import render_csv, render_json, render_tree
     from ...show import show_trace
+    from .._sources import dumps_as_traces
     from ..process import paused_gc
 
     render = {"json": render_json, "csv": render_csv}.get(args.format, render_tree)
-    with paused_gc():  # a line per call and tensor: nothing here is garbage worth scanning for
-        text = render(show_trace(args.trace, path=args.path, depth=args.depth))
+    with dumps_as_traces(args, "show", ("trace",)) as found, paused_gc():  # a line per call and tensor
+        view = show_trace(args.trace, path=args.path, depth=args.depth)
+        if found["trace"].imported is not None:
+            view = dataclasses.replace(view, trace=found["trace"].given, json_file=found["trace"].given)
+        text = render(view)
     emit(text, args.output)
     return 0

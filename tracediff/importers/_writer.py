@@ -1,0 +1,179 @@
+"""Writing an imported dump as a trace: payloads, the two tree files and the metadata, into a staging folder
+that is renamed into place at the end, so that a failed import leaves nothing behind.
+
+Names and entries come from :mod:`tracediff.format`. A tensor whose bytes lie
+in the dump file as they are (``.npy``, ``.safetensors``) is copied by the
+kernel (:func:`copy_range`: ``sendfile``, no pass through Python), so an
+import runs at about the speed of a plain copy.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import secrets
+import shutil
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from .. import format as fmt
+from .._version import __version__
+from ..errors import DumpFormatError, OutputDirError
+from ..files.atomic import check_out_dir, write_json, write_json_pair
+from ..files.confine import open_regular
+from ..files.payloads import write_tensor_file
+from ._files import Tensor
+
+_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
+class TraceWriter:
+    """Payloads and entries of one trace being written into ``folder`` (a fresh staging folder)."""
+
+    def __init__(self, folder: Path, root: Path) -> None:
+        self.folder = folder
+        self.root = root  # the dump folder: every source file is opened confined to it
+        self.stems: set[str] = set()
+        self.files = 0
+        self.payload_bytes = 0
+        self.dtypes: set[str] = set()
+
+    def entry(self, tensor: Tensor, name: str) -> dict[str, Any]:
+        """Write ``tensor``'s payload under ``name`` (a payload name of the format) and return its tensor entry."""
+        file_name = fmt.payload_file_name(fmt.unique_payload_stem(name, self.stems))
+        target = self.folder / file_name
+        if tensor.value is not None:
+            written = write_tensor_file(target, tensor.value)
+        else:
+            written = self._copy(tensor, target)
+        self.files += 1
+        self.payload_bytes += written
+        return self.stats_entry(tensor.shape, tensor.dtype, {"numel": _numel(tensor.shape)},
+                                value=fmt.payload_reference(file_name))
+
+    def stats_entry(self, shape: tuple[int, ...], dtype: str, stats: Mapping[str, Any],
+                    value: str | None = None) -> dict[str, Any]:
+        """A tensor entry without a payload (a statistics-only record), or with ``value`` when given."""
+        dtype_repr = dtype if dtype.startswith("torch.") else f"torch.{dtype}"
+        self.dtypes.add(dtype_repr)
+        return fmt.tensor_entry(f"torch.Size({list(shape)})", dtype_repr, value, stats=dict(stats), device="cpu")
+
+    def _copy(self, tensor: Tensor, target: Path) -> int:
+        header = json.dumps({fmt.PAYLOAD_KEY: {"dtype": tensor.code, "shape": list(tensor.shape),
+                                                "data_offsets": [0, tensor.nbytes]}}, separators=(",", ":")).encode()
+        header += b" " * (-len(header) % 8)
+        source, size = open_regular(tensor.path, root=self.root, error=DumpFormatError, what="tensor file")
+        try:
+            if tensor.offset is None or tensor.offset + tensor.nbytes > size:
+                raise DumpFormatError(f"{tensor.path}: shorter than its header says (changed while importing?)")
+            out = os.open(target, _NEW, 0o666)
+            try:
+                os.write(out, len(header).to_bytes(8, "little") + header)
+                copy_range(source, out, tensor.offset, tensor.nbytes, tensor.path)
+            finally:
+                os.close(out)
+        except OSError as e:
+            raise OutputDirError(f"{target}: could not write payload: {e.strerror or e}") from None
+        finally:
+            os.close(source)
+        return tensor.nbytes
+
+    def finish(self, tree: dict[str, Any], model_name: str, importer: Mapping[str, Any], calls: int) -> None:
+        """Write the FULL_TENSORS and SUMMARY files and the metadata of the trace."""
+        full, summary = fmt.trace_file_names(model_name)
+        write_json_pair(self.folder / full, self.folder / summary, tree, drop_key=fmt.VALUE,
+                        drop_where=fmt.is_tensor_entry)
+        metadata = fmt.metadata_entry({
+            fmt.PRODUCER_KEY: __version__, "model_name": model_name, "devices": ["cpu"],
+            "dtypes": sorted(self.dtypes), "world_size": 1, "rank": 0,
+            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "options": {fmt.IMPORTER_OPTION: dict(importer)}, fmt.COMPLETE_KEY: True, "calls": calls,
+            "payload_files": self.files, "payload_bytes": self.payload_bytes,
+        })
+        write_json(self.folder / fmt.METADATA_FILE, metadata)
+
+
+def copy_range(source: int, target: int, offset: int, count: int, path: Path) -> None:
+    """Append ``count`` bytes of ``source`` from ``offset`` to ``target``: in the kernel where it can
+    (``sendfile`` between two files, Linux), else through a bounded buffer.
+
+    ``copy_file_range`` was measured too: no faster here, and slower in some runs
+    (``bench/README.md``, "Import speed").
+    """
+    done = 0
+    use_kernel = hasattr(os, "sendfile")
+    while done < count:
+        step = min(count - done, 1 << 30)
+        if use_kernel:
+            try:
+                n = os.sendfile(target, source, offset + done, step)
+            except OSError:  # a system whose sendfile needs a socket: copy through a buffer
+                use_kernel = False
+                continue
+        else:
+            data = os.pread(source, min(step, 64 << 20), offset + done)
+            n = os.write(target, data) if data else 0
+        if n <= 0:
+            raise DumpFormatError(f"{path}: ended {count - done:,} bytes early (changed while importing?)")
+        done += n
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+@contextmanager
+def staged_trace(out: Path, source: Path, *, overwrite: bool) -> Iterator[Path]:
+    """A fresh folder beside ``out`` to write the trace into, renamed onto ``out`` when the block succeeds.
+
+    ``out`` must not exist, be empty, or (with ``overwrite``) hold only the
+    files of a trace; it must not lie inside ``source``. On an error the
+    staging folder is removed and ``out`` is left as it was.
+    """
+    real_out, real_source = out.resolve(), source.resolve()
+    if real_out == real_source or real_source in real_out.parents:
+        raise OutputDirError(f"{out}: inside the dump folder {source}; nothing is written there, choose another "
+                             "folder for --out")
+    check_out_dir(out, overwrite=overwrite)
+    if out.is_dir() and overwrite:
+        foreign = sorted(p.name for p in out.iterdir() if not fmt.is_trace_file(p.name))
+        if foreign:
+            raise OutputDirError(f"{out}: holds files that are not part of a trace ({', '.join(foreign[:3])}); "
+                                 "refusing to replace it")
+    parent = out.absolute().parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        staging = parent / f".{out.name}.{secrets.token_hex(6)}.importing"
+        staging.mkdir()
+    except OSError as e:
+        raise OutputDirError(f"{out}: cannot write here ({e.strerror or e})") from None
+    try:
+        yield staging
+        _install(staging, out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def _install(staging: Path, out: Path) -> None:
+    old = None
+    try:
+        if out.is_dir():
+            if any(out.iterdir()):
+                old = out.parent / f".{out.name}.{secrets.token_hex(6)}.replaced"
+                os.rename(out, old)
+            else:
+                out.rmdir()
+        os.rename(staging, out)
+    except OSError as e:
+        if old is not None and not out.exists():
+            os.rename(old, out)
+        raise OutputDirError(f"{out}: could not move the imported trace into place ({e.strerror or e})") from None
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
