@@ -165,7 +165,7 @@ def align(
                                ra.slot, ra.shape, rb.shape, ra.dtype, rb.dtype, atol, rtol,
                                nb.module_type or na.module_type, fields)
 
-    # threads help only where torch works on payloads; statistics are compared in Python, under the GIL
+    # threads help only where numpy works on payloads; statistics are compared in Python, under the GIL
     with _workers(sum(1 for _, ra, _, rb in jobs if ra.has_payload and rb.has_payload)) as run:
         rows = run(compare, range(len(jobs)))
     tick(None)
@@ -206,26 +206,17 @@ def align(
 
 @contextmanager
 def _workers(jobs: int) -> Iterator[Callable[..., list[Any]]]:
-    """Compare tensor pairs on every core, each pair single-threaded.
+    """Compare tensor pairs on every core, one pair per thread.
 
-    One pair per core beats torch's intra-op threads here: most tensors are
-    small enough that splitting each operation costs more than it saves,
-    and the threads never wait on each other's barriers. Torch's thread
-    count is restored afterwards.
+    One pair per core beats splitting each operation: most tensors are small,
+    and numpy's kernels release the GIL, so the threads run side by side.
     """
     cores = min(os.cpu_count() or 1, 8)
     if cores < 2 or jobs < 2:
         yield lambda fn, items: [fn(i) for i in items]
         return
-    import torch  # only here: threads are used where payloads are compared
-
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        with ThreadPoolExecutor(max_workers=cores, thread_name_prefix="tracediff-align") as pool:
-            yield lambda fn, items: _in_chunks(pool, fn, list(items), cores)
-    finally:
-        torch.set_num_threads(previous)
+    with ThreadPoolExecutor(max_workers=cores, thread_name_prefix="tracediff-align") as pool:
+        yield lambda fn, items: _in_chunks(pool, fn, list(items), cores)
 
 
 def _in_chunks(pool: ThreadPoolExecutor, fn: Callable[[Any], Any], items: list[Any], cores: int) -> list[Any]:
