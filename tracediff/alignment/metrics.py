@@ -50,6 +50,7 @@ the reference the streaming kernel is tested against.
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -151,11 +152,38 @@ def compare_tensors(a: Any, b: Any, *, atol: float, rtol: float) -> PairMetrics:
     work = np.float64 if "float64" in (a.dtype, b.dtype) else np.float32
     fa, fb = a.values.reshape(-1), b.values.reshape(-1)
     acc = _Accumulator(atol, rtol)
+    scratch = _scratch(work)
     with _quiet():
         for start in range(0, n, CHUNK):
-            stop = start + CHUNK
-            acc.add(as_floats(fa[start:stop], a.dtype, work), as_floats(fb[start:stop], b.dtype, work))
+            stop = min(start + CHUNK, n)
+            acc.add(as_floats(fa[start:stop], a.dtype, work, scratch.wide_a[:stop - start]),
+                    as_floats(fb[start:stop], b.dtype, work, scratch.wide_b[:stop - start]))
     return acc.result(n)
+
+
+class _Scratch:
+    """The work arrays of one chunk, reused for every chunk a thread compares (``CHUNK`` elements each).
+
+    Fresh temporaries cost more than the arithmetic: each is a new mapping whose pages fault in again,
+    chunk after chunk (in the kernel's first version, twice the user time in system time).
+    """
+
+    def __init__(self, work: type[np.floating[Any]]) -> None:
+        self.wide_a, self.wide_b, self.diff, self.absa, self.excess = (np.empty(CHUNK, work) for _ in range(5))
+        self.mask = np.empty(CHUNK, np.bool_)
+
+
+_local = threading.local()
+
+
+def _scratch(work: type[np.floating[Any]]) -> _Scratch:
+    """This thread's work arrays for ``work`` (made again if ``CHUNK`` changed)."""
+    name = np.dtype(work).name
+    found: _Scratch | None = getattr(_local, name, None)
+    if found is None or found.diff.size != CHUNK:
+        found = _Scratch(work)
+        setattr(_local, name, found)
+    return found
 
 
 def _probably_equal(a: Payload, b: Payload) -> bool:
@@ -185,10 +213,10 @@ class _Accumulator:
         self.mismatched = 0
 
     def add(self, a: np.ndarray, b: np.ndarray) -> None:
-        absdiff = np.subtract(a, b)
-        np.abs(absdiff, out=absdiff)
-        if not absdiff.size:
+        if not a.size:
             return
+        absdiff = np.subtract(a, b, out=_scratch(a.dtype.type).diff[:a.size])
+        np.abs(absdiff, out=absdiff)
         where = int(np.argmax(absdiff))  # the first NaN, if any: NaN sends the chunk to the float64 path
         worst = float(absdiff[where])
         if math.isfinite(worst):
@@ -221,12 +249,13 @@ class _Accumulator:
         if worst == 0:
             return
         exact = a.dtype == _F64
+        scratch = _scratch(a.dtype.type)
         if not exact:  # the float32 maximum is within one rounding of the exact one; settle it in float64
-            worst = _exact_max(a, b, absdiff, worst, where)
+            worst = _exact_max(a, b, absdiff, worst, where, scratch.mask[:a.size])
         self.max_abs = max(self.max_abs, worst)
-        absa = np.abs(a)
+        absa = np.abs(a, out=scratch.absa[:a.size])
         if worst > self.atol:  # otherwise every element passes
-            self.mismatched += self._count_mismatches(a, b, absa, absdiff, exact)
+            self.mismatched += self._count_mismatches(a, b, absa, absdiff, exact, scratch)
         if self.max_rel == math.inf:
             return
         if float(np.min(absa)) == 0:
@@ -240,20 +269,22 @@ class _Accumulator:
         top = float(rel[top_at])
         if top == 0:
             return
-        near = _near_top(rel, top * (1 - _SLACK), top_at)
+        near = _near_top(rel, top * (1 - _SLACK), top_at, scratch.mask[:rel.size])
         self.max_rel = max(self.max_rel, _smallest_rtol(a[near].astype(_F64), b[near].astype(_F64)))
 
     def _count_mismatches(self, a: np.ndarray, b: np.ndarray, absa: np.ndarray, absdiff: np.ndarray,
-                          exact: bool) -> int:
+                          exact: bool, scratch: _Scratch) -> int:
         """Elements failing ``|a - b| <= atol + rtol |a|``, decided in float64 arithmetic."""
-        excess = absdiff - self.rtol * absa  # |a - b| - rtol |a|
+        excess = np.multiply(absa, self.rtol, out=scratch.excess[:a.size])
+        np.subtract(absdiff, excess, out=excess)  # |a - b| - rtol |a|
+        mask = scratch.mask[:a.size]
         if exact:
-            return int(np.count_nonzero(excess > self.atol))
+            return int(np.count_nonzero(np.greater(excess, self.atol, out=mask)))
         # float32 rounds excess by far less than `margin`; elements within it are settled in float64. The floor
         # of two float32 subnormal steps keeps the window open where atol itself rounds to a subnormal.
         margin = _SLACK * (self.atol + self.rtol * float(np.max(absa))) + _FLOAT32_TINY_STEPS
-        clear_fail = int(np.count_nonzero(excess > self.atol + margin))
-        close = int(np.count_nonzero(excess > self.atol - margin)) - clear_fail
+        clear_fail = int(np.count_nonzero(np.greater(excess, self.atol + margin, out=mask)))
+        close = int(np.count_nonzero(np.greater(excess, self.atol - margin, out=mask))) - clear_fail
         if not close:
             return clear_fail
         idx = np.flatnonzero((excess > self.atol - margin) & (excess <= self.atol + margin))
@@ -286,17 +317,18 @@ def _cosine_of(dot: ScaledSum, norm_a: ScaledSum, norm_b: ScaledSum) -> float:
     return max(-1.0, min(1.0, safe_ldexp(ratio, dot.exp - norm_a.exp // 2 - norm_b.exp // 2)))
 
 
-def _near_top(values: np.ndarray, floor: float, top_at: int) -> np.ndarray:
+def _near_top(values: np.ndarray, floor: float, top_at: int, mask: np.ndarray | None = None) -> np.ndarray:
     """Indices of the elements ``>= floor``; usually only the maximum, found without a scan for indices."""
-    above = values >= floor
+    above = np.greater_equal(values, floor, out=mask)
     if int(np.count_nonzero(above)) == 1:
         return np.array([top_at])
     return np.flatnonzero(above)
 
 
-def _exact_max(a: np.ndarray, b: np.ndarray, absdiff: np.ndarray, worst: float, where: int) -> float:
+def _exact_max(a: np.ndarray, b: np.ndarray, absdiff: np.ndarray, worst: float, where: int,
+               mask: np.ndarray) -> float:
     """``max |a - b|`` in float64. Rounding is monotonic, so the exact maximum is among the float32 maxima."""
-    idx = _near_top(absdiff, worst, where)
+    idx = _near_top(absdiff, worst, where, mask)
     return float(np.max(np.abs(a[idx].astype(_F64) - b[idx].astype(_F64))))
 
 

@@ -96,15 +96,31 @@ def read_payload(path: Path, *, root: Path, key: str = PAYLOAD_KEY) -> Payload:
     return Payload(values.reshape(layout.shape), name)
 
 
-def as_floats(values: np.ndarray, dtype: str, work: type[np.floating[Any]]) -> np.ndarray:
-    """``values`` of payload dtype ``dtype`` as ``work`` (float32 or float64), exactly; no copy when they are so."""
+def as_floats(values: np.ndarray, dtype: str, work: type[np.floating[Any]], out: np.ndarray | None = None
+              ) -> np.ndarray:
+    """``values`` of payload dtype ``dtype`` as ``work`` (float32 or float64), exactly.
+
+    No copy when they are so already; otherwise written into ``out`` when given (``work`` values of the
+    same shape, reused from chunk to chunk), else into a new array.
+    """
     if dtype in _FLOAT8:
-        return _float8_table(dtype).astype(work, copy=False)[values]
+        table = _float8_table(dtype).astype(work, copy=False)
+        return table[values] if out is None else np.take(table, values, out=out, mode="clip")
     with np.errstate(invalid="ignore"):  # a signalling NaN stays NaN; numpy would warn about it
         if dtype == "bfloat16":
+            if work is np.float32 and out is not None:
+                np.left_shift(values, 16, out=out.view(np.uint32), dtype=np.uint32)
+                return out
             wide = np.left_shift(values, 16, dtype=np.uint32).view(np.float32)
-            return wide if work is np.float32 else wide.astype(work)
-        return values.astype(work, copy=False)
+            if work is np.float32:
+                return wide
+            values = wide
+        if values.dtype == work:
+            return values
+        if out is None:
+            return values.astype(work)
+        np.copyto(out, values, casting="unsafe")
+        return out
 
 
 def finite_max(dtype: str) -> float:
