@@ -17,7 +17,13 @@ a fresh process per size, next to the RSS of that process before aligning.
 
 ``--cli`` times the whole command, ``tracediff align REF OTHER``, in a fresh
 process per run (start-up, imports, reading, comparing, rendering), next to
-``tracediff align --help`` (start-up alone), with each process's peak RSS.
+``tracediff align --help`` (start-up alone), with each process's peak RSS, and
+``--demo`` the same for the two small traces of ``tracediff demo`` (written
+into the work folder once). The child processes run in an empty folder, so
+the ``tracediff`` they import is the one on ``PYTHONPATH`` (to time another
+version side by side: ``PYTHONPATH=/path/to/old python bench/bench_align.py``),
+and with bytecode caching on, as after an install (``PYTHONDONTWRITEBYTECODE``
+is dropped from their environment: compiling tracediff anew costs ~80 ms a run).
 """
 
 from __future__ import annotations
@@ -25,11 +31,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -84,16 +90,26 @@ def time_align(a: Path, b: Path, repeats: int) -> tuple[float, float, bool]:
 
 def fast_path(ref: Path, same: Path, repeats: int) -> None:
     """Wall and CPU seconds to find every payload of ``ref`` and ``same`` equal: raw bytes vs decoding."""
-    from tracediff.compare.metrics import bitwise_equal
-    from tracediff.compare.raw_payload import same_bytes
-    from tracediff.files.payloads import read_tensor_file
+    try:
+        from tracediff.compare.metrics import bitwise_equal
+        from tracediff.compare.raw_payload import same_bytes
+    except ImportError:  # the package layout of tracediff 0.2, for before/after runs
+        from tracediff.alignment.metrics import bitwise_equal  # type: ignore[no-redef]
+        from tracediff.alignment.raw_payload import same_bytes  # type: ignore[no-redef]
+
+    try:  # decoded with numpy since issue 23; into torch tensors before
+        from tracediff.trace.payload import read_payload
+
+        def decode(path: Path) -> object:
+            return read_payload(path, root=path.parent)
+    except ImportError:
+        from tracediff._io import read_tensor_file as decode  # type: ignore[assignment,no-redef]
 
     names = sorted(p.name for p in ref.glob("*.safetensors"))
     total = sum((ref / n).stat().st_size + (same / n).stat().st_size for n in names)
     ways = {
         "raw bytes (same_bytes)": lambda: all(same_bytes(ref / n, same / n) is not None for n in names),
-        "decode + bitwise_equal": lambda: all(
-            bitwise_equal(read_tensor_file(ref / n), read_tensor_file(same / n)) for n in names),
+        "decode + bitwise_equal": lambda: all(bitwise_equal(decode(ref / n), decode(same / n)) for n in names),
     }
     runs: dict[str, list[tuple[float, float]]] = {name: [] for name in ways}
     for round_index in range(repeats + 1):  # interleaved; the first round warms up
@@ -115,24 +131,38 @@ def time_cli(argv: list[str], repeats: int) -> tuple[float, float, int]:
     # The peak RSS comes from GNU time: a child forked from this (large) process would report this
     # process's RSS, which Linux carries across exec into the child's high-water mark.
     timer = shutil.which("time") or "/usr/bin/time"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     times, peaks, code = [], [], 0
-    for _ in range(repeats + 1):  # the first run warms the page cache of the interpreter and libraries
-        start = time.perf_counter()
-        done = subprocess.run([timer, "-f", "%M", *argv], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                              text=True)
-        times.append(time.perf_counter() - start)
-        peaks.append(int(done.stderr.strip().splitlines()[-1]) / 1024)
-        code = done.returncode
+    with tempfile.TemporaryDirectory() as empty:  # no ./tracediff shadows the one on PYTHONPATH
+        for _ in range(repeats + 1):  # the first run warms the page cache and writes the bytecode
+            start = time.perf_counter()
+            done = subprocess.run([timer, "-f", "%M", *argv], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                  text=True, cwd=empty, env=env)
+            times.append(time.perf_counter() - start)
+            peaks.append(int(done.stderr.strip().splitlines()[-1]) / 1024)
+            code = done.returncode
     return statistics.median(times[1:]), max(peaks[1:]), code
 
 
 def peak_rss_child(a: str, b: str) -> None:
-    import tracediff  # noqa: F401  (imports torch, pandas: counted in the baseline)
+    """RSS after importing tracediff, and the peak during ``align(a, b)``.
 
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    The kernel's high-water mark is reset first (``/proc/self/clear_refs``): a child inherits the
+    ru_maxrss of the process that forked it, which here is the benchmark itself.
+    """
+    import tracediff  # the baseline: the process before aligning
+
+    Path("/proc/self/clear_refs").write_text("5")
+    before = _status_kib("VmHWM")
     tracediff.align(a, b)
-    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    print(json.dumps({"baseline_mb": before / 1024, "peak_mb": after / 1024}))
+    print(json.dumps({"baseline_mb": before / 1024, "peak_mb": _status_kib("VmHWM") / 1024}))
+
+
+def _status_kib(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise KeyError(field)
 
 
 def ensure(folder: Path, target_mb: int) -> Path:
@@ -152,6 +182,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--memory", action="store_true", help="also measure peak RSS at ~100 MB and ~1 GB")
     parser.add_argument("--cli", action="store_true", help="also time `tracediff align` end to end")
+    parser.add_argument("--demo", action="store_true",
+                        help="also time `tracediff align` on the two small traces of `tracediff demo`")
     parser.add_argument("--fast-path", action="store_true",
                         help="also time finding identical payloads from raw bytes vs by decoding them")
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
@@ -189,12 +221,24 @@ def main() -> None:
             print(f"{'align ref ' + pair:<28}{total / 1e6:>10.0f}{seconds:>10.3f}{total / seconds / 1e9:>8.2f}"
                   f"{peak:>13.0f}  {code}")
 
+    if args.demo:
+        demo = work / "demo"
+        if not (demo / "rename.json").exists():
+            subprocess.run([sys.executable, "-m", "tracediff", "demo", "--out", str(demo), "--overwrite"],
+                           stdout=subprocess.DEVNULL, check=True)
+        argv = [sys.executable, "-m", "tracediff", "align", str(demo / "reference"), str(demo / "port"),
+                "--map", str(demo / "rename.json")]
+        seconds, peak, code = time_cli(argv, args.repeats)
+        print(f"\ndemo traces, `tracediff align reference port --map rename.json`, one process per run, median of "
+              f"{args.repeats}: {seconds:.3f} s, peak RSS {peak:.0f} MB, exit {code}")
+
     if args.memory:
         print(f"\n{'trace MB':>9}{'baseline RSS MB':>17}{'peak RSS MB':>13}")
         for target in (100, 1000):
             folder = ensure(work, target)
-            out = subprocess.run([sys.executable, __file__, "--child", str(folder / "ref"), str(folder / "port")],
-                                 capture_output=True, text=True, check=True)
+            with tempfile.TemporaryDirectory() as empty:  # PYTHONPATH picks the version, as for --cli
+                out = subprocess.run([sys.executable, __file__, "--child", str(folder / "ref"), str(folder / "port")],
+                                     capture_output=True, text=True, check=True, cwd=empty)
             rss = json.loads(out.stdout.strip().splitlines()[-1])
             size = payload_bytes(folder / "ref") / 1e6
             print(f"{size:>9.0f}{rss['baseline_mb']:>17.0f}{rss['peak_mb']:>13.0f}")

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 from tracediff.cli import commands
 
@@ -61,8 +63,6 @@ def test_import_tracediff_is_light() -> None:
 
 def test_align_of_statistics_only_traces_imports_no_torch() -> None:
     """Traces without payloads (summary or repr traces) are compared on statistics: torch is never imported."""
-    from pathlib import Path
-
     repr_trace = str(Path(__file__).resolve().parent.parent / "fixtures" / "llama_tiny" / "repr")
     argvs = [["align", repr_trace, repr_trace], ["show", repr_trace]]
     probe = _PROBE.format(heavy=HEAVY, argvs=argvs)
@@ -70,3 +70,49 @@ def test_align_of_statistics_only_traces_imports_no_torch() -> None:
     report = json.loads(out.stdout)
     assert [code for _, code, _ in report] == [0, 0]
     assert [heavy for _, _, heavy in report] == [[], []]
+
+
+# --- reading and comparing traces need no torch (issue 23) ---------------------------------------------------
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+
+
+def _no_torch_report(argvs: list[list[str]]) -> list[list[object]]:
+    probe = _PROBE.format(heavy=("torch",), argvs=argvs)
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300, check=True)
+    report: list[list[object]] = json.loads(out.stdout)
+    return report
+
+
+def test_align_show_and_plot_of_traces_with_payloads_import_no_torch(tmp_path: Path) -> None:
+    """Payloads are decoded with numpy: comparing, showing and plotting a trace never imports torch."""
+    ref, bug = str(FIXTURES / "llama_tiny" / "ref"), str(FIXTURES / "llama_tiny" / "port_bug")
+    native = str(FIXTURES / "llama_tiny" / "native")
+    argvs = [["align", ref, bug], ["align", ref, ref], ["align", native, bug, "--format", "json"], ["show", ref]]
+    if importlib.util.find_spec("matplotlib") is not None:
+        argvs.append(["plot", ref, bug, "-o", str(tmp_path / "plot.png")])
+    report = _no_torch_report(argvs)
+    assert [code for _, code, _ in report] == [1, 0, 1, 0] + [0] * (len(argvs) - 4)
+    assert [heavy for _, _, heavy in report] == [[]] * len(argvs)
+
+
+def test_steps_imports_no_torch(tmp_path: Path) -> None:
+    from tests.steps.test_cli import _run
+
+    _run(tmp_path / "a")
+    _run(tmp_path / "lr", bump_lr_at=2)
+    report = _no_torch_report([["steps", str(tmp_path / "a"), str(tmp_path / "lr")]])
+    assert report == [[["steps", str(tmp_path / "a"), str(tmp_path / "lr")], 1, []]]
+
+
+def test_load_trace_and_align_in_the_library_import_no_torch() -> None:
+    ref, bug = FIXTURES / "llama_tiny" / "ref", FIXTURES / "llama_tiny" / "port_bug"
+    code = textwrap.dedent(f"""
+        import sys, tracediff
+        trace = tracediff.load_trace({str(ref)!r})
+        payload = trace.load_payload(trace.records()[-1][1])
+        result = tracediff.align(trace, {str(bug)!r})
+        print(result.passed, payload.dtype, result.first_divergence.tensor, "torch" in sys.modules)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.split() == ["False", "float32", "outputs", "False"]

@@ -20,8 +20,10 @@ JSON can use it.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
@@ -66,6 +68,83 @@ TRACE_FILE_SUFFIXES = (PAYLOAD_SUFFIX, FULL_SUFFIX, SUMMARY_SUFFIX)
 SCHEMA_FILE = "trace_schema.json"
 #: The ``options`` key of a trace written by ``tracediff import``: ``{"kind", "source", ...}`` of the dump it came from.
 IMPORTER_OPTION = "importer"
+
+# --- payload files (safetensors) ----------------------------------------------------------------------------
+
+#: safetensors' dtype codes, with torch's name of each dtype and its bytes per element: what a payload may hold.
+PAYLOAD_DTYPES: Mapping[str, tuple[str, int]] = {
+    "F64": ("float64", 8), "F32": ("float32", 4), "F16": ("float16", 2), "BF16": ("bfloat16", 2),
+    "F8_E4M3": ("float8_e4m3fn", 1), "F8_E5M2": ("float8_e5m2", 1),
+    "F8_E4M3FNUZ": ("float8_e4m3fnuz", 1), "F8_E5M2FNUZ": ("float8_e5m2fnuz", 1),
+    "C64": ("complex64", 8), "I64": ("int64", 8), "I32": ("int32", 4), "I16": ("int16", 2), "I8": ("int8", 1),
+    "U64": ("uint64", 8), "U32": ("uint32", 4), "U16": ("uint16", 2), "U8": ("uint8", 1), "BOOL": ("bool", 1),
+}
+#: The largest payload header read (safetensors' own limit).
+PAYLOAD_HEADER_LIMIT = 100 << 20
+
+
+@dataclass(frozen=True)
+class PayloadLayout:
+    """Where one tensor of a payload file lies: its dtype code, shape, first data byte and byte count."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    start: int
+    nbytes: int
+
+
+def payload_layouts(head: bytes, file_size: int) -> dict[str, PayloadLayout]:
+    """The tensors of a safetensors file, from its first ``min(file_size, 8 + PAYLOAD_HEADER_LIMIT)`` bytes.
+
+    A reader MUST check what this checks before reading data: an 8-byte
+    little-endian header length within the file and the limit, a JSON object
+    header, known dtype codes, byte counts that match the shapes, and data
+    offsets that tile the rest of the file exactly. Raises ``ValueError`` with
+    the reason otherwise.
+    """
+    if file_size < 8 or len(head) < 8:
+        raise ValueError("shorter than its 8-byte header length")
+    length = int.from_bytes(head[:8], "little")
+    if length > PAYLOAD_HEADER_LIMIT or 8 + length > file_size or 8 + length > len(head):
+        raise ValueError(f"header length {length:,} does not fit the file of {file_size:,} bytes")
+    try:
+        header = json.loads(head[8:8 + length])
+    except (ValueError, RecursionError):  # invalid JSON or UTF-8
+        raise ValueError("its header is not JSON") from None
+    if not isinstance(header, dict):
+        raise ValueError("its header is not a JSON object")
+    layouts, spans = {}, []
+    for key, entry in header.items():
+        if key == "__metadata__":
+            continue
+        layout, begin = _payload_layout(key, entry, 8 + length)
+        layouts[key] = layout
+        spans.append((begin, begin + layout.nbytes))
+    spans.sort()
+    end = 0
+    for begin, stop in spans:
+        if begin != end:
+            raise ValueError("its data offsets leave a gap or overlap")
+        end = stop
+    if 8 + length + end != file_size:
+        raise ValueError(f"its data offsets end at byte {8 + length + end:,} of {file_size:,}")
+    return layouts
+
+
+def _payload_layout(key: str, entry: Any, data_start: int) -> tuple[PayloadLayout, int]:
+    if not isinstance(entry, dict):
+        raise ValueError(f"tensor {key!r} is not described by an object")
+    dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+    if not isinstance(dtype, str) or dtype not in PAYLOAD_DTYPES:
+        raise ValueError(f"tensor {key!r} has dtype {dtype!r}, which tracediff does not read")
+    if not isinstance(shape, list) or not isinstance(offsets, list) or len(offsets) != 2 \
+            or not all(type(x) is int and x >= 0 for x in [*shape, *offsets]):
+        raise ValueError(f"tensor {key!r} has no valid shape and data offsets")
+    begin, end = offsets
+    if end - begin != math.prod(shape) * PAYLOAD_DTYPES[dtype][1]:
+        raise ValueError(f"tensor {key!r}: its data offsets do not hold its shape and dtype")
+    return PayloadLayout(dtype, tuple(shape), data_start + begin, end - begin), begin
+
 
 # --- node keys ----------------------------------------------------------------------------------------------
 
@@ -404,3 +483,13 @@ def sanitize_repr(text: str) -> str:
     applies it again where it compares a repr with a typed value.
     """
     return _ADDRESS.sub("object at 0xXXXXXXXX", text)
+
+
+def payload_key_problem(path: object, keys: list[str]) -> str | None:
+    """Why the tensor names of a payload file break the format (one tensor, named ``data``); None when they do not."""
+    if keys == [PAYLOAD_KEY]:
+        return None
+    found = ", ".join(repr(k) for k in keys[:5]) + (f" and {len(keys) - 5} more" if len(keys) > 5 else "")
+    return f"{path}: a payload holds one tensor under the key {PAYLOAD_KEY!r}: expected {PAYLOAD_KEY!r}, " \
+           f"found {found or 'no tensor'}"
+

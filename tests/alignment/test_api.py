@@ -277,3 +277,15 @@ def test_the_report_counts_calls_by_how_they_were_paired(clean: Alignment) -> No
     assert pairing_counts(dataclasses.replace(clean, rows=rows)) == \
         f" ({len(calls - by_structure)} by name, {len(by_structure)} by structure)"
     assert pairing_counts(clean) == " (1 by name, 17 by map)"  # the root by name, every other call by the map
+
+
+def test_comparing_on_worker_threads_changes_no_row(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Small traces are compared on one thread (see engine._workers); forced onto threads, the report is the same."""
+    from tracediff.alignment import engine
+
+    fixtures = Path(__file__).resolve().parents[2] / "fixtures" / "llama_tiny"
+    serial = tracediff.align(fixtures / "ref", fixtures / "port_bug", baseline=fixtures / "native").to_dict()
+    monkeypatch.setattr(engine, "_THREADED_BYTES", 0)
+    monkeypatch.setattr(engine.os, "cpu_count", lambda: 2)
+    threaded = tracediff.align(fixtures / "ref", fixtures / "port_bug", baseline=fixtures / "native").to_dict()
+    assert json.dumps(threaded, sort_keys=True, default=repr) == json.dumps(serial, sort_keys=True, default=repr)

@@ -153,16 +153,15 @@ def test_a_payload_whose_dtype_differs_from_the_trace_is_said_in_the_row(b: Path
 
 def test_memory_error_while_mapping_a_payload_is_an_unreadable_row(tmp_path: Path, small_trace: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    import safetensors
-
     from tests.safety.helpers import capture_small
+    from tracediff.files import confine
 
     other = capture_small(tmp_path / "other", seed=1)  # payloads differ: they must be mapped to be compared
 
     def no_memory(*_args: Any, **_kwargs: Any) -> Any:
         raise MemoryError
 
-    monkeypatch.setattr(safetensors, "safe_open", no_memory)
+    monkeypatch.setattr(confine.mmap, "mmap", no_memory)
     result = tracediff.align(small_trace, other)
     assert result.unreadable and all("not enough memory to map the payload" in r.reason for r in result.unreadable)
 

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from tracediff.steps.entries import tensor_entry, value_entry
 from tracediff.steps.rule import judge
-from tracediff.steps.tensor_stats import DEFAULT_STATS, NUMERIC_STATS
+from tracediff.steps.stat_names import DEFAULT_STATS, NUMERIC_STATS
 
 BASE = torch.tensor([0.5, -1.25, 2.0, 4.0])
 

@@ -10,7 +10,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tracediff.steps.tensor_stats import NUMERIC_STATS, tensor_stats
+from tracediff.steps.stat_names import NUMERIC_STATS
+from tracediff.steps.tensor_stats import tensor_stats
 
 
 def reference(values: list[float]) -> dict[str, float | int]:

@@ -10,7 +10,7 @@ from typing import Any
 from .engine import align, assert_traces_close
 from .result import Alignment, ArgumentDiff, TensorComparison, Unmatched
 
-_FROM_METRICS = ("METRICS", "PairMetrics", "compare_tensors")  # import torch: loaded when first used
+_FROM_METRICS = ("METRICS", "PairMetrics", "compare_tensors")  # import numpy: loaded when first used
 
 
 def __getattr__(name: str) -> Any:

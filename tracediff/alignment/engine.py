@@ -166,14 +166,16 @@ def align(
                                ra.slot, ra.shape, rb.shape, ra.dtype, rb.dtype, atol, rtol,
                                nb.module_type or na.module_type, fields)
 
-    # threads help only where torch works on payloads; statistics are compared in Python, under the GIL
-    with _workers(sum(1 for _, ra, _, rb in jobs if ra.has_payload and rb.has_payload)) as run:
+    # threads help only where numpy works on payloads; statistics are compared in Python, under the GIL
+    with _workers(sum(_record_bytes(ra) + _record_bytes(rb) for _, ra, _, rb in jobs
+                      if ra.has_payload and rb.has_payload)) as run:
         rows = run(compare, range(len(jobs)))
     tick(None)
     rows = annotate_op_rows(rows, jobs, op_pairing)
     rows = plan.annotate(rows, jobs)
     rows = _with_origins(rows, jobs)
-    with _workers(len(jobs) if trace_n is not None else 0) as run:
+    with _workers(2 * sum(_record_bytes(ra) for _, ra, _, _ in jobs if ra.has_payload) if trace_n is not None
+                  else 0) as run:
         verdicts = judge(rows, jobs, trace_a, baseline=trace_n, noise_factor=float(noise_factor),
                          ignore=ignore_rules, run=run)
     del rows
@@ -206,28 +208,25 @@ def align(
     )
 
 
-@contextmanager
-def _workers(jobs: int) -> Iterator[Callable[..., list[Any]]]:
-    """Compare tensor pairs on every core, each pair single-threaded.
+_THREADED_BYTES = 32 << 20
 
-    One pair per core beats torch's intra-op threads here: most tensors are
-    small enough that splitting each operation costs more than it saves,
-    and the threads never wait on each other's barriers. Torch's thread
-    count is restored afterwards.
+
+@contextmanager
+def _workers(payload_bytes: int) -> Iterator[Callable[..., list[Any]]]:
+    """Compare tensor pairs on every core, one pair per thread, when there are ``_THREADED_BYTES`` to read.
+
+    One pair per core beats splitting each operation: most tensors are small,
+    and numpy's kernels release the GIL, so the threads run side by side. Below
+    that size the work is mostly Python (paths, headers, rows), which threads
+    only slow down: the demo's 0.8 MB pair aligned in 0.05 s on one thread and
+    0.1 s on two.
     """
     cores = min(os.cpu_count() or 1, 8)
-    if cores < 2 or jobs < 2:
+    if cores < 2 or payload_bytes < _THREADED_BYTES:
         yield lambda fn, items: [fn(i) for i in items]
         return
-    import torch  # only here: threads are used where payloads are compared
-
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        with ThreadPoolExecutor(max_workers=cores, thread_name_prefix="tracediff-align") as pool:
-            yield lambda fn, items: _in_chunks(pool, fn, list(items), cores)
-    finally:
-        torch.set_num_threads(previous)
+    with ThreadPoolExecutor(max_workers=cores, thread_name_prefix="tracediff-align") as pool:
+        yield lambda fn, items: _in_chunks(pool, fn, list(items), cores)
 
 
 def _in_chunks(pool: ThreadPoolExecutor, fn: Callable[[Any], Any], items: list[Any], cores: int) -> list[Any]:

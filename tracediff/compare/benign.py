@@ -19,35 +19,40 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
-import torch
+import numpy as np
 
+from ..trace.payload import Payload, as_floats, finite_max, is_complex, is_floating, payload_of
 from .shapes import squeezable, squeeze_note
 
 _EXACT_NOTE = "integers compared exactly"
+_CHUNK = 1 << 20
 
 
-def is_exact_dtype(dtype: torch.dtype) -> bool:
+def is_exact_dtype(dtype: str) -> bool:
     """Integers and bools: compared value for value, never with a tolerance."""
-    return not (dtype.is_floating_point or dtype.is_complex)
+    return not (is_floating(dtype) or is_complex(dtype))
 
 
-def prepare_pair(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, list[str]]:
+def prepare_pair(a: Any, b: Any) -> tuple[Payload, Payload, list[str]]:
     """Bring a pair to comparable form; returns ``(a, b, notes)`` with one note per thing done.
 
     Squeezes singleton dimensions when that is all that differs, splits
     complex tensors into (real, imaginary) pairs, and makes saturated
     positions of ``b`` equal to ``a``'s. Integer pairs are left as they are
-    (see :func:`exact_mismatches`).
+    (see :func:`exact_mismatches`). Takes payloads, numpy arrays or torch tensors.
     """
+    a, b = payload_of(a), payload_of(b)
     notes: list[str] = []
-    if a.shape != b.shape and squeezable(tuple(a.shape), tuple(b.shape)):
-        notes.append(squeeze_note(tuple(a.shape), tuple(b.shape)))
-        a, b = a.reshape([d for d in a.shape if d != 1]), b.reshape([d for d in b.shape if d != 1])
-    if a.is_complex() or b.is_complex():
+    if a.shape != b.shape and squeezable(a.shape, b.shape):
+        notes.append(squeeze_note(a.shape, b.shape))
+        a = a.with_values(a.values.reshape([d for d in a.shape if d != 1]))
+        b = b.with_values(b.values.reshape([d for d in b.shape if d != 1]))
+    if is_complex(a.dtype) or is_complex(b.dtype):
         notes.append("complex: compared on real and imaginary parts")
         a, b = _as_real_pairs(a), _as_real_pairs(b)
-    if a.is_floating_point() and b.is_floating_point() and a.shape == b.shape:
+    if is_floating(a.dtype) and is_floating(b.dtype) and a.shape == b.shape:
         b, saturated = _settle_saturated(a, b)
         if saturated:
             notes.append(f"{saturated} saturated values (at their dtype's finite extreme on both sides) "
@@ -55,50 +60,63 @@ def prepare_pair(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.
     return a, b, notes
 
 
-def _as_real_pairs(t: torch.Tensor) -> torch.Tensor:
-    if not t.is_complex():
-        t = t.to(torch.complex128 if t.dtype == torch.float64 else torch.complex64)
-    return torch.view_as_real(t.resolve_conj())
+def _as_real_pairs(p: Payload) -> Payload:
+    """``(real, imaginary)`` along a new last dimension, in float32 (float64 for complex128 and float64)."""
+    wide = p.dtype in ("float64", "complex128")
+    values = p.values
+    if not is_complex(p.dtype):
+        values = as_floats(values, p.dtype, np.float64 if wide else np.float32)
+    values = np.ascontiguousarray(values, dtype=np.complex128 if wide else np.complex64)
+    return Payload(values.view(np.float64 if wide else np.float32).reshape(*values.shape, 2),
+                   "float64" if wide else "float32")
 
 
-def _saturated(t: torch.Tensor, info: torch.finfo) -> tuple[torch.Tensor, torch.Tensor]:
-    """Masks of the positions at or beyond the finite minimum and maximum of ``info`` (infinities included)."""
-    return t <= info.min, t >= info.max
+def _extremes(p: Payload) -> tuple[float, float]:
+    """The smallest and largest value, NaN left out (chunk by chunk: bits are widened a chunk at a time)."""
+    flat = p.values.reshape(-1)
+    low, high = math.inf, -math.inf
+    for start in range(0, flat.size, _CHUNK):
+        chunk = as_floats(flat[start:start + _CHUNK], p.dtype, np.float64 if p.dtype == "float64" else np.float32)
+        low, high = min(low, float(np.fmin.reduce(chunk))), max(high, float(np.fmax.reduce(chunk)))
+    return low, high
 
 
-def _workable(t: torch.Tensor) -> torch.Tensor:
-    """float8 has no comparison or reduction kernels on every device: look at it in float32 (exact)."""
-    return t.float() if t.element_size() == 1 else t
-
-
-def _settle_saturated(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, int]:
+def _settle_saturated(a: Payload, b: Payload) -> tuple[Payload, int]:
     """``b`` with positions where both sides saturate alike replaced by ``a``'s value, and their count.
 
     One cheap pass over ``a``'s extremes first: most tensors hold nothing near them.
     """
-    if a.numel() == 0:
+    if a.size == 0:
         return b, 0
-    info_a, info_b = torch.finfo(a.dtype), torch.finfo(b.dtype)
-    wa = _workable(a)
-    flat = wa.detach().reshape(-1)
-    low, high = torch.aminmax(flat)
-    if math.isnan(float(low)) or math.isnan(float(high)):  # NaN poisons the extremes: look past it (a copy)
-        low, high = torch.aminmax(flat.nan_to_num(nan=0.0, posinf=math.inf, neginf=-math.inf))
-    if float(low) > info_a.min and float(high) < info_a.max:
+    max_a, max_b = finite_max(a.dtype), finite_max(b.dtype)
+    low, high = _extremes(a)
+    if not (low <= -max_a or high >= max_a):  # all NaN leaves (inf, -inf): nothing saturates
         return b, 0
-    wb = _workable(b)
-    low_a, high_a = _saturated(wa, info_a)
-    low_b, high_b = _saturated(wb, info_b)
-    same = (low_a & low_b) | (high_a & high_b)
-    count = int(same.sum())
+    target = _promoted(a.dtype, b.dtype)
+    work = np.float64 if target == "float64" else np.float32
+    wa, wb = as_floats(a.values, a.dtype, work), as_floats(b.values, b.dtype, work)
+    same = ((wa <= -max_a) & (wb <= -max_b)) | ((wa >= max_a) & (wb >= max_b))
+    count = int(np.count_nonzero(same))
     if not count:
         return b, 0
-    target = torch.promote_types(wa.dtype, wb.dtype)
-    settled = wb.to(target, copy=True)
-    settled[same] = wa[same].to(target)
-    return settled, count
+    settled = wb.copy()
+    settled[same] = wa[same]
+    if target == "float16":
+        return Payload(settled.astype(np.float16), target), count
+    if target in ("bfloat16",):  # both sides bf16: keep the bits, so the pair still reads as one dtype
+        return Payload((settled.view(np.uint32) >> 16).astype(np.uint16), target), count
+    return Payload(settled, target), count
 
 
-def exact_mismatches(a: torch.Tensor, b: torch.Tensor) -> int:
+def _promoted(x: str, y: str) -> str:
+    """torch's result dtype of two floating dtypes, float8 taken as float32 first (it has no kernels)."""
+    x, y = ("float32" if d.startswith("float8") else d for d in (x, y))
+    if x == y:
+        return x
+    return "float64" if "float64" in (x, y) else "float32"
+
+
+def exact_mismatches(a: Any, b: Any) -> int:
     """How many positions of an integer or bool pair differ, compared in 64-bit integers (no rounding)."""
-    return int(torch.count_nonzero(a.to(torch.int64) != b.to(torch.int64)))
+    a, b = payload_of(a), payload_of(b)
+    return int(np.count_nonzero(a.values.astype(np.int64) != b.values.astype(np.int64)))

@@ -1,4 +1,4 @@
-"""Comparing a matched tensor pair from its payloads: the part of :mod:`tracediff.compare.records` needing torch."""
+"""Comparing a matched tensor pair from its payloads, decoded with numpy (:mod:`tracediff.trace.payload`)."""
 
 from __future__ import annotations
 
@@ -6,11 +6,12 @@ import math
 from dataclasses import replace
 from typing import Any
 
-import torch
+import numpy as np
 
 from ..errors import PayloadFormatError, TracediffError
 from ..trace.load import Trace
 from ..trace.model import TensorRecord
+from ..trace.payload import Payload, payload_of
 from .benign import exact_mismatches, is_exact_dtype, prepare_pair
 from .fields import dtype_note, metric_fields, verdict_fields
 from .metrics import PairMetrics, compare_tensors
@@ -26,12 +27,12 @@ def compare_payloads(
     if same is not None:
         return metric_fields(same, approximate=False, note=dtype_note(ra, rb))
     try:
-        a, b = trace_a.load(ra), trace_b.load(rb)
+        a, b = trace_a.load_payload(ra), trace_b.load_payload(rb)
     except PayloadFormatError:
         raise  # a trace that breaks the format is refused whole, not reported as one unreadable row
     except TracediffError as e:
         return verdict_fields("unreadable", None, str(e))
-    if a.shape != b.shape and not squeezable(tuple(a.shape), tuple(b.shape)):
+    if a.shape != b.shape and not squeezable(a.shape, b.shape):
         return verdict_fields("shape_mismatch", False, f"shape differs: {list(a.shape)} vs {list(b.shape)}")
     stored = [_stored_dtype_note(side, r, t) for side, r, t in (("A", ra, a), ("B", rb, b))]
     a, b, notes = prepare_pair(a, b)
@@ -44,25 +45,28 @@ def compare_payloads(
     return metric_fields(metrics, approximate=False, note=note)
 
 
-def _compare_exact(a: torch.Tensor, b: torch.Tensor) -> PairMetrics:
-    """Integer and bool pairs: metrics in float64, the verdict from an exact 64-bit comparison."""
-    metrics = compare_tensors(a.to(torch.float64), b.to(torch.float64), atol=0.0, rtol=0.0)
+def _compare_exact(a: Any, b: Any) -> PairMetrics:
+    """Integer and bool pairs (payloads, arrays or tensors): metrics in float64, the verdict from an exact 64-bit
+    comparison."""
+    a, b = payload_of(a), payload_of(b)
+    metrics = compare_tensors(a.values.astype(np.float64), b.values.astype(np.float64), atol=0.0, rtol=0.0)
     mismatched = exact_mismatches(a, b)
     if not mismatched:
         return metrics
     # beyond 2**53 float64 rounds neighbours together: the largest difference comes from int64 arithmetic
-    diff = (a.to(torch.int64) - b.to(torch.int64)).abs().to(torch.float64)
+    ia, ib = a.values.astype(np.int64).reshape(-1), b.values.astype(np.int64).reshape(-1)
+    diff = np.abs(ia - ib).astype(np.float64)
     worst = float(diff.max())
-    absa = a.to(torch.int64).abs().to(torch.float64)
-    rel = math.inf if bool(((absa == 0) & (diff > 0)).any()) else float((diff / absa.clamp(min=1)).max())
+    absa = np.abs(ia).astype(np.float64)
+    rel = math.inf if bool(((absa == 0) & (diff > 0)).any()) else float((diff / np.maximum(absa, 1)).max())
     return replace(metrics, identical=False, mismatched=mismatched, max_abs_err=max(metrics.max_abs_err, worst),
                    required_atol=max(metrics.required_atol, worst), max_rel_err=max(metrics.max_rel_err, rel),
                    required_rtol=max(metrics.required_rtol, rel),
                    mismatch_fraction=mismatched / metrics.numel if metrics.numel else 0.0)
 
 
-def _stored_dtype_note(side: str, record: TensorRecord, tensor: torch.Tensor) -> str:
+def _stored_dtype_note(side: str, record: TensorRecord, payload: Payload) -> str:
     """Said in the row when a payload holds another dtype than its trace JSON states (a payload was replaced)."""
-    if record.dtype is None or record.dtype.removeprefix("torch.") == str(tensor.dtype).removeprefix("torch."):
+    if record.dtype is None or record.dtype.removeprefix("torch.") == payload.dtype:
         return ""
-    return f"{side}'s payload holds {tensor.dtype} but the trace says {record.dtype}"
+    return f"{side}'s payload holds torch.{payload.dtype} but the trace says {record.dtype}"

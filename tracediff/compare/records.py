@@ -1,8 +1,7 @@
 """Comparing one matched tensor pair: from payloads when both exist, else from statistics.
 
-Comparing statistics needs no torch: a trace of statistics only (a summary
-trace) is aligned without importing it. Payloads are compared in
-:mod:`tracediff.compare.payloads`.
+Neither needs torch: payloads are decoded and compared with numpy in
+:mod:`tracediff.compare.payloads`, statistics here with plain floats.
 """
 
 from __future__ import annotations
@@ -40,7 +39,7 @@ def compare_records(
             return verdict_fields("shape_mismatch", False, f"shape differs: {list(shape_a)} vs {list(shape_b)}")
         note = squeeze_note(shape_a, shape_b)
     if ra.has_payload and rb.has_payload:
-        from .payloads import compare_payloads  # torch is imported only when payloads are compared
+        from .payloads import compare_payloads  # numpy is imported only when payloads are compared
 
         return compare_payloads(trace_a, ra, trace_b, rb, atol=atol, rtol=rtol)
     fields = compare_stats(ra, rb, atol=atol, rtol=rtol)

@@ -15,8 +15,9 @@ with no bound on ``exp``; it is turned into a float only at the end.
 from __future__ import annotations
 
 import math
+from typing import Any
 
-import torch
+import numpy as np
 
 __all__ = ["ScaledSum", "exponent_of", "scale_down", "scaled_sums", "safe_ldexp", "sums_are_safe"]
 
@@ -28,7 +29,7 @@ def exponent_of(largest: float) -> int:
     return math.frexp(largest)[1]
 
 
-def scale_down(x: torch.Tensor, exp: int) -> torch.Tensor:
+def scale_down(x: Any, exp: int) -> Any:
     """``x / 2**exp`` exactly, in two steps so that neither factor overflows (``|exp|`` up to ~2100)."""
     if exp == 0:
         return x
@@ -73,29 +74,29 @@ class ScaledSum:
 
 # The smallest sum of squares, per element, from which no square that matters has underflowed: the largest
 # square is then at least tiny / eps, so squares down to eps times it are still normal numbers.
-_SAFE_FLOOR = {torch.float32: 2.0 ** -126 * 2.0 ** 24, torch.float64: 2.0 ** -1022 * 2.0 ** 53}
+_SAFE_FLOOR = {np.dtype(np.float32): 2.0 ** -126 * 2.0 ** 24, np.dtype(np.float64): 2.0 ** -1022 * 2.0 ** 53}
 
 
-def sums_are_safe(squares: list[float], n: int, dtype: torch.dtype) -> bool:
+def sums_are_safe(squares: list[float], n: int, dtype: np.dtype[Any]) -> bool:
     """True when sums of squares computed directly in ``dtype`` over ``n`` elements lost nothing to range.
 
     Each must be finite (no square or partial sum overflowed) and at least ``n``
     times the floor above (no square that matters underflowed).
     """
-    floor = _SAFE_FLOOR.get(dtype, _SAFE_FLOOR[torch.float32]) * n
+    floor = _SAFE_FLOOR.get(dtype, _SAFE_FLOOR[np.dtype(np.float32)]) * n
     return all(floor <= s < math.inf for s in squares)
 
 
-def scaled_sums(a: torch.Tensor, b: torch.Tensor) -> tuple[tuple[float, int], ...]:
+def scaled_sums(a: np.ndarray, b: np.ndarray) -> tuple[tuple[float, int], ...]:
     """``sum |a - b|``, ``sum (a - b)**2``, ``<a, b>``, ``<a, a>``, ``<b, b>``, each as ``(value, exp)``.
 
     Computed in float64 on each vector divided by a power of two near its
     largest magnitude. A difference that overflows float64 stays ``inf``.
     """
-    a, b = a.double(), b.double()
-    d = (a - b).abs_()
-    ka, kb, kd = (exponent_of(float(x.abs().max())) if x.numel() else 0 for x in (a, b, d))
+    a, b = a.astype(np.float64, copy=False), b.astype(np.float64, copy=False)
+    d = np.abs(a - b)
+    ka, kb, kd = (exponent_of(float(np.max(np.abs(x)))) if x.size else 0 for x in (a, b, d))
     sa, sb, sd = scale_down(a, ka), scale_down(b, kb), scale_down(d, kd)
-    values = torch.stack([sd.sum(), torch.dot(sd, sd), torch.dot(sa, sb), torch.dot(sa, sa),
-                          torch.dot(sb, sb)]).tolist()
+    values = [float(np.sum(sd)), float(np.dot(sd, sd)), float(np.dot(sa, sb)), float(np.dot(sa, sa)),
+              float(np.dot(sb, sb))]
     return tuple(zip(values, (kd, 2 * kd, ka + kb, 2 * ka, 2 * kb)))

@@ -10,6 +10,7 @@ journal, ``run.json``, step records, rename maps, and (through
 * **regular files only**: the file is opened with ``O_NONBLOCK`` and its type
   checked on the open descriptor, so a FIFO never blocks, and a directory,
   device (``/dev/zero``) or socket is refused before a byte is read;
+  a payload is memory-mapped from that same descriptor (:func:`map_regular_file`);
 * **bounded**: at most ``limit`` bytes are read; a larger file is refused
   with its size and the limit in the message (the bounds are below, and in
   ``docs/safety.md``);
@@ -21,6 +22,7 @@ journal, ``run.json``, step records, rename maps, and (through
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import stat
 from pathlib import Path
@@ -113,6 +115,27 @@ def open_regular(path: Path, *, root: Path | None = None, error: type[TracediffE
     bounds what it reads by ``size``. Refusals are those of ``read_bounded``.
     """
     return _open_regular(confined(path, root), error, what)
+
+
+def map_regular_file(path: Path, *, root: Path | None = None, error: type[TracediffError] = TraceFormatError,
+                     what: str = "file", missing: str | None = None) -> mmap.mmap | bytes:
+    """The regular file ``path`` (inside ``root`` when given) mapped read-only; ``b""`` when it is empty.
+
+    Opened and checked as ``read_bounded`` does, then mapped from the same
+    descriptor, so nothing can swap the file between the check and the map.
+    Nothing is read until the caller touches the bytes.
+    """
+    resolved = confined(path, root)
+    fd, size = _open_regular(resolved, error, what, missing)
+    try:
+        return mmap.mmap(fd, size, access=mmap.ACCESS_READ) if size else b""
+    except MemoryError:
+        raise error(f"{resolved}: not enough memory to map the {what}") from None
+    except (OSError, ValueError) as e:
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        raise error(f"{resolved}: cannot map the {what} ({reason})") from None
+    finally:
+        os.close(fd)
 
 
 def read_bounded(path: Path, *, limit: int, root: Path | None = None,

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import PayloadError, PayloadFormatError
-from ..format import PAYLOAD_KEY
+from ..format import PAYLOAD_KEY, payload_key_problem
 from .atomic import replace_with
 
 if TYPE_CHECKING:
@@ -92,15 +92,6 @@ def write_tensor_file(path: str | os.PathLike[str], tensor: torch.Tensor) -> int
     header += b" " * (-len(header) % 8)
     replace_with(Path(path), [len(header).to_bytes(8, "little") + header, data], what="payload")
     return data.nbytes
-
-
-def payload_key_problem(path: Path | str, keys: list[str]) -> str | None:
-    """Why the tensor names of a payload file break the format (one tensor, named ``data``); None when they do not."""
-    if keys == [PAYLOAD_KEY]:
-        return None
-    found = ", ".join(repr(k) for k in keys[:5]) + (f" and {len(keys) - 5} more" if len(keys) > 5 else "")
-    return f"{path}: a payload holds one tensor under the key {PAYLOAD_KEY!r}: expected {PAYLOAD_KEY!r}, " \
-           f"found {found or 'no tensor'}"
 
 
 def read_tensor_file(path: Path, key: str = PAYLOAD_KEY, *, payload: bool = False) -> torch.Tensor:

@@ -25,10 +25,23 @@ the comparison rule is in :mod:`tracediff.steps.rule`. With Lightning, use
 ``tracediff.steps.lightning.StepRecorderCallback`` (needs ``pip install tracediff[lightning]``).
 """
 
+from typing import TYPE_CHECKING, Any
+
 from .compare import compare_steps
-from .recorder import StepRecorder
 from .result import StatRow, StepComparison, StepDivergence, StepSummary, Verdict
-from .tensor_stats import DEFAULT_STATS, STAT_NAMES
+from .stat_names import DEFAULT_STATS, STAT_NAMES
+
+if TYPE_CHECKING:
+    from .recorder import StepRecorder
+
+
+def __getattr__(name: str) -> Any:
+    """``StepRecorder`` is imported on first use: it needs torch, comparing records does not."""
+    if name == "StepRecorder":
+        from .recorder import StepRecorder
+
+        return StepRecorder
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
     "StepRecorder",

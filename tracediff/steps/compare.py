@@ -36,7 +36,7 @@ from .options import GROUPS
 from .records import aggregate_key, group_items
 from .result import StatRow, Status, StepComparison, StepDivergence, StepSummary, Verdict
 from .rule import judge
-from .tensor_stats import NUMERIC_STATS
+from .stat_names import NUMERIC_STATS
 
 _FIELDS = ("hash", "shape", "dtype", "device", PY_TYPE, PY_VALUE, LEGACY_PY_VALUE, REPR, "seed", "error")
 

@@ -21,7 +21,6 @@ with the SHA-256 of its full ``repr``. An entry that could not be recorded is
 from __future__ import annotations
 
 import dataclasses
-import json
 import warnings
 from collections.abc import Collection, Mapping
 from typing import Any
@@ -70,18 +69,6 @@ def value_entry(value: Any) -> dict[str, Any]:
 def error_entry(exc: BaseException) -> dict[str, Any]:
     message = str(exc).splitlines()[0] if str(exc) else ""
     return {"error": f"{type(exc).__name__}: {message}"[:_REPR_LIMIT]}
-
-
-def entry_identity(entry: dict[str, Any] | None) -> str | None:
-    """What makes two entries identical: the hash, or the JSON of a plain value."""
-    if entry is None:
-        return None
-    if "hash" in entry:
-        return str(entry["hash"])
-    known, value = fmt.typed_value_content(entry)
-    if known:  # tuples compare as lists, as they were recorded
-        return "value:" + json.dumps([entry.get(fmt.PY_TYPE), fmt.as_json(value)], sort_keys=True)
-    return "error:" + str(entry.get("error"))
 
 
 def batch_entries(batch: Any, stats: Collection[str]) -> tuple[Any, dict[str, dict[str, Any]]]:

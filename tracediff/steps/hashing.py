@@ -21,8 +21,10 @@ from __future__ import annotations
 import hashlib
 import sys
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # comparing records hashes no tensor: torch is imported where one is hashed
+    import torch
 
 HASH_ALGORITHM = "sha256"
 
@@ -41,6 +43,8 @@ def _local(tensor: torch.Tensor) -> torch.Tensor:
 
 def tensor_bytes_le(tensor: torch.Tensor) -> memoryview:
     """The raw little-endian bytes of a contiguous CPU copy of ``tensor`` (no copy when already so)."""
+    import torch
+
     t = _local(tensor)
     if t.device.type != "cpu":
         t = t.cpu()

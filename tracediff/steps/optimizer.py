@@ -10,14 +10,14 @@ Recorded as::
 Every hyperparameter is a value entry (a tensor entry when it is a tensor, as
 a ``capturable`` learning rate can be); state follows the model's parameter
 order. A parameter the optimizer holds but the model does not name is called
-``param_groups.{g}.{i}``. :func:`flatten_optimizer` gives the flat, ordered
+``param_groups.{g}.{i}``. :func:`tracediff.steps.records.flatten_optimizer` gives the flat, ordered
 names the comparison uses: ``type``, ``defaults.lr``, ``param_groups.0.lr``,
 ``state.fc.weight.exp_avg``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator
+from collections.abc import Collection
 from typing import Any
 
 import torch
@@ -54,17 +54,3 @@ def optimizer_snapshot(
 
 def _entry(value: Any, stats: Collection[str]) -> dict[str, Any]:
     return tensor_entry(value, stats) if isinstance(value, torch.Tensor) else value_entry(value)
-
-
-def flatten_optimizer(snapshot: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
-    """``(name, entry)`` pairs in causal order: type, defaults, param groups, then state."""
-    if "type" in snapshot:
-        yield "type", snapshot["type"]
-    for key, entry in snapshot.get("defaults", {}).items():
-        yield f"defaults.{key}", entry
-    for g, group in enumerate(snapshot.get("param_groups", [])):
-        for key, entry in group.items():
-            yield f"param_groups.{g}.{key}", entry
-    for pname, param_state in snapshot.get("state", {}).items():
-        for key, entry in param_state.items():
-            yield f"state.{pname}.{key}", entry

@@ -7,7 +7,7 @@ from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
 from ..errors import UsageError
-from .tensor_stats import NUMERIC_STATS, STAT_NAMES
+from .stat_names import NUMERIC_STATS, STAT_NAMES
 
 GROUPS = ("rngs", "batch", "params", "buffers", "grads", "optimizer")
 """Every group a record can hold, in causal order (the order the comparison walks them)."""

@@ -65,7 +65,7 @@ from .optimizer import optimizer_snapshot
 from .options import GROUPS, checked_groups, checked_schedule, checked_stats
 from .records import aggregate_hash, aggregate_key
 from .rngs import rng_entries
-from .tensor_stats import DEFAULT_STATS
+from .stat_names import DEFAULT_STATS
 
 _NO_BATCH = object()
 _R = TypeVar("_R", bound="StepRecorder")

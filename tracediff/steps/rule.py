@@ -33,7 +33,7 @@ import math
 from typing import Any
 
 from ..format import REPR, typed_value_content
-from .entries import entry_identity
+from .records import entry_identity
 from .result import Verdict
 
 TOLERANCE_STATS = ("min", "max", "mean", "abs_mean", "std", "median")

@@ -47,15 +47,7 @@ from collections.abc import Collection
 import torch
 
 from .hashing import _local
-
-NUMERIC_STATS = (
-    "nan", "posinf", "neginf", "zeros", "min", "max", "mean", "abs_mean", "std",
-    "var_biased", "var_unbiased", "skewness", "kurtosis", "median", "mode",
-)
-ALWAYS_RECORDED = ("shape", "dtype", "hash")
-STAT_NAMES = ALWAYS_RECORDED + NUMERIC_STATS
-DEFAULT_STATS = frozenset({"nan", "posinf", "neginf", "zeros", "min", "max", "mean", "abs_mean", "std"})
-"""Cheap statistics (a few reductions, no copy of a float32 tensor) recorded unless ``stats=`` says otherwise."""
+from .stat_names import NUMERIC_STATS
 
 _COUNTS = frozenset({"nan", "posinf", "neginf"})
 _SUMS = frozenset({"mean", "abs_mean", "std", "var_biased", "var_unbiased"})

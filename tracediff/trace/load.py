@@ -5,9 +5,10 @@ with ``use_repr=False`` (safetensors payloads) or ``use_repr=True`` (repr
 lines only), or by ``tracediff.capture``. ``*_FULL_TENSORS.json`` is
 preferred; ``*_SUMMARY.json`` alone is accepted (statistics only).
 
-Payloads are never read here: ``Trace.load(record)`` opens one payload
-through ``safe_open`` when it is needed, after checking that its path stays
-inside the trace folder.
+Payloads are never read here: ``Trace.load_payload(record)`` maps one payload
+with numpy when it is needed (what ``align`` uses: no torch), and
+``Trace.load(record)`` reads it as a torch tensor through ``safe_open``, both
+after checking that its path stays inside the trace folder.
 
 transformers' debugger writes every call of a module to the same file names,
 so in its traces only the last call's payload survives. Earlier calls that
@@ -35,6 +36,8 @@ from .validate import TreeChecker, value_problem
 
 if TYPE_CHECKING:
     import torch
+
+    from .payload import Payload
 
 _SHAPE = re.compile(r"-?\d+")
 _SCALAR = re.compile(r"tensor\(\s*([-+0-9.eEinfa]+)")
@@ -96,6 +99,12 @@ class Trace:
         return read_tensor_file(check_regular_file(self.payload_path(record), root=self.directory,
                                                    error=PayloadError, what="payload",
                                                    missing="payload file is missing"), payload=True)
+
+    def load_payload(self, record: TensorRecord) -> Payload:
+        """Read the payload of ``record`` with numpy, no torch (memory-mapped; a regular file inside the folder)."""
+        from .payload import read_payload  # numpy is imported once a payload is read
+
+        return read_payload(self.payload_path(record), root=self.directory)
 
     @property
     def incomplete_reason(self) -> str | None:

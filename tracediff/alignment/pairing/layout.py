@@ -37,7 +37,7 @@ from ...trace.load import Trace
 from ...trace.model import Node, TensorRecord
 
 if TYPE_CHECKING:
-    import torch
+    from ...trace.payload import Payload
 
 Step = tuple[Any, ...]
 _MAX_SEARCH_NUMEL = 16 * 2**20
@@ -51,14 +51,23 @@ class Transform:
     side: str  # "a" or "b": the tensor the steps apply to
     steps: tuple[Step, ...]
 
-    def apply(self, tensor: torch.Tensor) -> torch.Tensor:
+    def apply(self, tensor: Any) -> Any:
+        """The steps applied to a payload, numpy array or torch tensor (views where possible; ``ValueError`` when
+        a step does not fit the shape)."""
+        from ...trace.payload import Payload
+
+        if isinstance(tensor, Payload):
+            return tensor.with_values(self.apply(tensor.values))
         for step in self.steps:
             if step[0] == "narrow":
-                tensor = tensor.narrow(step[1], step[2], step[3])
+                _, dim, start, length = step
+                if not 0 <= start <= start + length <= tensor.shape[dim]:
+                    raise ValueError(f"narrow {start}:{start + length} outside dimension {dim}")
+                tensor = tensor[(slice(None),) * dim + (slice(start, start + length),)]
             elif step[0] == "reshape":
                 tensor = tensor.reshape(step[1])
-            else:
-                tensor = tensor.permute(step[1])
+            else:  # numpy's transpose and torch's permute take the whole order
+                tensor = tensor.permute(step[1]) if hasattr(tensor, "permute") else tensor.transpose(step[1])
         return tensor
 
     def describe(self, ndim: int) -> str:
@@ -90,11 +99,11 @@ def _main_output(node: Node) -> TensorRecord | None:
     return outputs[0] if outputs and outputs[0].shape is not None else None
 
 
-def _load(trace: Trace, record: TensorRecord) -> torch.Tensor | None:
+def _load(trace: Trace, record: TensorRecord) -> Payload | None:
     if not record.has_payload:
         return None
     try:
-        return trace.load(record)
+        return trace.load_payload(record)
     except TracediffError:
         return None
 
@@ -199,7 +208,7 @@ def _best_order(trace_f: Trace, out_f: TensorRecord, trace_p: Trace, parts: list
         for i in order:
             part = loaded[i]
             assert part is not None
-            piece = fused.narrow(dim, start, part.shape[dim])
+            piece = Transform("a", (("narrow", dim, start, part.shape[dim]),)).apply(fused)
             err += _relative_error(piece, part)
             start += part.shape[dim]
         if err < best_err:  # strict: call order wins ties
@@ -207,14 +216,17 @@ def _best_order(trace_f: Trace, out_f: TensorRecord, trace_p: Trace, parts: list
     return best
 
 
-def _relative_error(x: torch.Tensor, y: torch.Tensor) -> float:
+def _relative_error(x: Payload, y: Payload) -> float:
     if x.shape != y.shape:
         return math.inf
-    import torch  # only once payloads are read: relating layouts from shapes needs no torch
+    import numpy as np  # only once payloads are read: relating layouts from shapes needs no numpy
 
-    xd, yd = x.detach().to(torch.float64), y.detach().to(torch.float64)
-    diff = (xd - yd).abs().nan_to_num(nan=math.inf).max().item() if xd.numel() else 0.0
-    scale = yd.abs().nan_to_num(nan=0.0, posinf=0.0, neginf=0.0).max().item() if yd.numel() else 0.0
+    from ...trace.payload import as_floats
+
+    xd, yd = as_floats(x.values, x.dtype, np.float64), as_floats(y.values, y.dtype, np.float64)
+    with np.errstate(all="ignore"):
+        diff = float(np.max(np.nan_to_num(np.abs(xd - yd), nan=math.inf))) if xd.size else 0.0
+        scale = float(np.max(np.nan_to_num(np.abs(yd), nan=0.0, posinf=0.0, neginf=0.0))) if yd.size else 0.0
     return float(diff / (scale + 1e-30))
 
 
@@ -231,10 +243,10 @@ def find_relayout(trace_a: Trace, ra: TensorRecord, trace_b: Trace, rb: TensorRe
         return None
     best: Transform | None = None
     best_key: tuple[float, int] = (math.inf, 0)
-    for candidate in _candidates(tuple(a.shape), tuple(b.shape)):
+    for candidate in _candidates(a.shape, b.shape):
         try:
             err = _relative_error(candidate.apply(a), b)
-        except RuntimeError:
+        except ValueError:
             continue
         key = (err, len(candidate.steps))
         if key < best_key:
@@ -279,7 +291,7 @@ def compare_transformed(trace_a: Trace, ra: TensorRecord, trace_b: Trace, rb: Te
         return verdict_fields("no_data", None,
                               f"{transform.describe(len(ra.shape or ()))}: needs payloads on both sides")
     try:
-        a, b = trace_a.load(ra), trace_b.load(rb)
+        a, b = trace_a.load_payload(ra), trace_b.load_payload(rb)
     except TracediffError as e:
         return verdict_fields("unreadable", None, str(e))
     if transform.side == "a":
@@ -289,5 +301,5 @@ def compare_transformed(trace_a: Trace, ra: TensorRecord, trace_b: Trace, rb: Te
     if a.shape != b.shape:
         return verdict_fields("shape_mismatch", False, f"shape differs after the transform: {list(a.shape)} vs "
                                                  f"{list(b.shape)}")
-    metrics = compare_tensors(a.contiguous(), b.contiguous(), atol=atol, rtol=rtol)
+    metrics = compare_tensors(a, b, atol=atol, rtol=rtol)  # reshaped to one dimension there: a copy if permuted
     return metric_fields(metrics, approximate=False, note=dtype_note(ra, rb))
