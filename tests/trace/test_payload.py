@@ -13,7 +13,7 @@ from tracediff.errors import PayloadError, PayloadFormatError
 from tracediff.trace.payload import as_floats, finite_max, payload_of, read_payload
 
 FLOATS = [torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.float8_e4m3fn, torch.float8_e5m2,
-          torch.float8_e4m3fnuz, torch.float8_e5m2fnuz]
+          torch.float8_e4m3fnuz, torch.float8_e5m2fnuz, torch.float8_e8m0fnu]
 
 
 def _saved(folder: Path, tensor: torch.Tensor, name: str = "p.safetensors") -> Path:

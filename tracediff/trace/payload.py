@@ -33,7 +33,7 @@ from ..format import PAYLOAD_DTYPES, PAYLOAD_HEADER_LIMIT, PAYLOAD_KEY, payload_
 
 _BITS: dict[str, np.dtype[Any]] = {
     "bfloat16": np.dtype("<u2"), "float8_e4m3fn": np.dtype("u1"), "float8_e5m2": np.dtype("u1"),
-    "float8_e4m3fnuz": np.dtype("u1"), "float8_e5m2fnuz": np.dtype("u1"),
+    "float8_e4m3fnuz": np.dtype("u1"), "float8_e5m2fnuz": np.dtype("u1"), "float8_e8m0fnu": np.dtype("u1"),
 }
 #: The numpy dtype holding each payload dtype (bit patterns for those numpy lacks).
 STORAGE: dict[str, np.dtype[Any]] = {name: _BITS[name] if name in _BITS else np.dtype(name).newbyteorder("<")
@@ -42,6 +42,7 @@ STORAGE["complex128"] = np.dtype("<c16")  # only from a user's tensor or array: 
 _FLOAT8 = {  # exponent bits, mantissa bits, bias, and how NaN and infinity are encoded
     "float8_e4m3fn": (4, 3, 7, "fn"), "float8_e5m2": (5, 2, 15, "ieee"),
     "float8_e4m3fnuz": (4, 3, 8, "fnuz"), "float8_e5m2fnuz": (5, 2, 16, "fnuz"),
+    "float8_e8m0fnu": (8, 0, 127, "e8m0"),  # a power of two: no sign, no zero, 0xFF is NaN
 }
 
 
@@ -144,6 +145,9 @@ def _float8_table(dtype: str) -> np.ndarray:
     top = (1 << exp_bits) - 1
     table = np.empty(256, np.float32)
     for code in range(256):
+        if special == "e8m0":
+            table[code] = math.nan if code == 0xFF else math.ldexp(1.0, code - bias)
+            continue
         sign = -1.0 if code & 0x80 else 1.0
         exp, man = (code >> man_bits) & top, code & ((1 << man_bits) - 1)
         if exp == 0:
