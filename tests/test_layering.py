@@ -31,7 +31,7 @@ ALLOWED: dict[str, set[str]] = {
     "compare": {"base", "files", "trace"},
     "alignment": _CORE_BELOW_ALIGNMENT,
     "show": {"base", "files", "trace"},
-    "steps": {"base", "files", "trace", "capturing"},
+    "steps": {"base", "files", "trace", "capturing", "compare"},
     "replaying": {*_CORE_BELOW_ALIGNMENT, "capturing", "alignment"},
     "render": {*_CORE_BELOW_ALIGNMENT, "capturing", "alignment", "show", "steps", "replaying"},
     "demo": {*_CORE_BELOW_ALIGNMENT, "capturing", "alignment", "render"},

@@ -195,14 +195,16 @@ def test_the_fast_row_builder_builds_the_same_frozen_row_as_the_class() -> None:
 
 def test_a_row_from_fields_puts_every_value_in_its_own_field() -> None:
     """``row_from_fields`` passes arguments by position: each field must get its own value, none swapped."""
-    from tracediff.alignment.result import row_from_fields
-    from tracediff.compare.fields import verdict_fields
+    import dataclasses
 
-    metrics = {key: f"metric {key}" for key in verdict_fields("no_data", None, "")}  # every key a comparison fills
+    from tracediff.alignment.result import row_from_fields
+    from tracediff.compare.measurement import Measurement
+
+    metrics = {f.name: f"metric {f.name}" for f in dataclasses.fields(Measurement)}  # every field a comparison fills
     who = dict(order=3, module_path_a="A.x", module_path_b="B.x", call_index=1, call_index_b=2, tensor="outputs",
                tensor_a="outputs.0", shape_a=(2, 3), shape_b=(3, 2), dtype_a="torch.float32",
                dtype_b="torch.bfloat16", atol=1e-5, rtol=1e-3, module_type="Linear")
-    row = row_from_fields(*who.values(), metrics)
+    row = row_from_fields(*who.values(), Measurement(**metrics))
     assert row == TensorComparison(**who, **metrics)
     assert row.matched_by == "name" and row.origin is None  # the rest keep their defaults
 
@@ -228,10 +230,10 @@ def test_a_trace_named_twice_is_read_once(traces: TraceStore, monkeypatch: pytes
 
 def test_a_field_setter_sets_one_field_of_a_row_being_built() -> None:
     from tracediff.alignment.result import row_from_fields, setter
-    from tracediff.compare.fields import verdict_fields
+    from tracediff.compare.measurement import unmeasured
 
     row = row_from_fields(0, "A.x", "B.x", 0, 0, "outputs", "outputs", (2,), (2,), "torch.float32",
-                          "torch.float32", 1e-5, 1e-3, None, verdict_fields("no_data", None, ""))
+                          "torch.float32", 1e-5, 1e-3, None, unmeasured("no_data", None, ""))
     setter("growth")(row, 2.5)
     assert row.growth == 2.5 and row.origin is None
     with pytest.raises(AttributeError, match="diverged"):

@@ -159,12 +159,12 @@ def align(
     def compare(order: int) -> TensorComparison:
         na, ra, nb, rb = jobs[order]
         atol, rtol = policy.resolve((na.relative_path, nb.relative_path), ra.dtype, rb.dtype)
-        fields = relaid and plan.compare(trace_a, ra, trace_b, rb, atol=atol, rtol=rtol) \
+        measurement = relaid and plan.compare(trace_a, ra, trace_b, rb, atol=atol, rtol=rtol) \
             or compare_records(trace_a, ra, trace_b, rb, atol=atol, rtol=rtol)
         tick(rb)
         return row_from_fields(order, na.module_path, nb.module_path, na.call_index, nb.call_index, rb.slot,
                                ra.slot, ra.shape, rb.shape, ra.dtype, rb.dtype, atol, rtol,
-                               nb.module_type or na.module_type, fields)
+                               nb.module_type or na.module_type, measurement)
 
     # threads help only where numpy works on payloads; statistics are compared in Python, under the GIL
     with _workers(sum(_record_bytes(ra) + _record_bytes(rb) for _, ra, _, rb in jobs

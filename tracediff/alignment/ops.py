@@ -175,7 +175,7 @@ def _pair_by_value(trace_a: Trace, trace_b: Trace, left_a: list[Node], left_b: l
 def _agrees(trace_a: Trace, ra: TensorRecord, op_a: Node, trace_b: Trace, rb: TensorRecord, op_b: Node,
             policy: TolerancePolicy) -> bool:
     atol, rtol = policy.resolve((op_a.relative_path, op_b.relative_path), ra.dtype, rb.dtype)
-    return compare_records(trace_a, ra, trace_b, rb, atol=atol, rtol=rtol).get("within_tolerance") is True
+    return compare_records(trace_a, ra, trace_b, rb, atol=atol, rtol=rtol).within_tolerance is True
 
 
 def _shape_compatible(ra: TensorRecord, rb: TensorRecord) -> bool:

@@ -43,13 +43,15 @@ growth                 this row's error beyond noise over what flowed into
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import pandas as pd
+
+    from ..compare.measurement import Measurement
 
 from ..display import renderer_for, short_repr, summary_html
 from ..trace.frozen import frozen_builder
@@ -389,19 +391,17 @@ build_row = frozen_builder(TensorComparison)
 def row_from_fields(order: int, module_path_a: str, module_path_b: str, call_index: int, call_index_b: int,
                     tensor: str, tensor_a: str, shape_a: tuple[int, ...] | None, shape_b: tuple[int, ...] | None,
                     dtype_a: str | None, dtype_b: str | None, atol: float, rtol: float, module_type: str | None,
-                    metrics: Mapping[str, Any]) -> TensorComparison:
-    """A row from who was compared and ``metrics``, the dict of a comparison (``compare.verdict_fields``,
-    ``metric_fields`` or ``compare_stats``: status, reason and every metric).
+                    m: Measurement) -> TensorComparison:
+    """A row from who was compared and what comparing them found (a :class:`tracediff.compare.measurement.
+    Measurement`: status, reason and every metric).
 
     Arguments go to ``build_row`` by position, in the order of the class's fields: binding 27 keywords cost
     more than building the row itself.
     """
-    m = metrics
     return build_row(order, module_path_a, module_path_b, call_index, call_index_b, tensor, tensor_a, shape_a,
-                     shape_b, dtype_a, dtype_b, m["max_abs_err"], m["max_rel_err"], m["mean_abs_err"], m["rms_err"],
-                     m["cosine"], m["mismatch_fraction"], m["nan_mismatch"], m["inf_mismatch"], atol, rtol,
-                     m["required_atol"], m["required_rtol"], m["within_tolerance"], m["approximate"], m["status"],
-                     m["reason"], module_type)
+                     shape_b, dtype_a, dtype_b, m.max_abs_err, m.max_rel_err, m.mean_abs_err, m.rms_err, m.cosine,
+                     m.mismatch_fraction, m.nan_mismatch, m.inf_mismatch, atol, rtol, m.required_atol,
+                     m.required_rtol, m.within_tolerance, m.approximate, m.status, m.reason, module_type)
 
 
 def fill(row: TensorComparison, **changes: Any) -> TensorComparison:

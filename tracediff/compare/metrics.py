@@ -58,6 +58,7 @@ from typing import Any
 import numpy as np
 
 from ..trace.payload import Payload, as_floats, payload_of
+from .rule import passes
 from .scaled import ScaledSum, exponent_of, safe_ldexp, scale_down, scaled_sums, sums_are_safe
 
 CHUNK = 1 << 18  # 1 MiB of float32 per operand: a chunk's temporaries stay in cache (1.4x faster than 2**20 here)
@@ -289,7 +290,7 @@ class _Accumulator:
             return clear_fail
         idx = np.flatnonzero((excess > self.atol - margin) & (excess <= self.atol + margin))
         a64, b64 = a[idx].astype(_F64), b[idx].astype(_F64)
-        return clear_fail + int(np.count_nonzero(np.abs(a64 - b64) > self.atol + self.rtol * np.abs(a64)))
+        return clear_fail + int(np.count_nonzero(~passes(np.abs(a64 - b64), np.abs(a64), self.atol, self.rtol)))
 
     def result(self, n: int) -> PairMetrics:
         f = self.finite
@@ -417,7 +418,7 @@ def mismatch_fraction(a: Any, b: Any, *, atol: float, rtol: float) -> float:
         return 0.0
     with _quiet():
         finite = np.isfinite(x) & np.isfinite(y)
-        ok = finite & (np.abs(x - y) <= atol + rtol * np.abs(x))
+        ok = finite & passes(np.abs(x - y), np.abs(x), atol, rtol)
         ok |= (np.isnan(x) & np.isnan(y)) | (np.isinf(x) & (x == y))
     return float(np.count_nonzero(~ok)) / x.size
 

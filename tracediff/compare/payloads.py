@@ -13,7 +13,7 @@ from ..trace.load import Trace
 from ..trace.model import TensorRecord
 from ..trace.payload import Payload, payload_of
 from .benign import exact_mismatches, is_exact_dtype, prepare_pair
-from .fields import dtype_note, metric_fields, verdict_fields
+from .measurement import Measurement, dtype_note, measured, unmeasured
 from .metrics import PairMetrics, compare_tensors
 from .raw_payload import identical_pair
 from .shapes import squeezable
@@ -21,19 +21,19 @@ from .shapes import squeezable
 
 def compare_payloads(
     trace_a: Trace, ra: TensorRecord, trace_b: Trace, rb: TensorRecord, *, atol: float, rtol: float
-) -> dict[str, Any]:
+) -> Measurement:
     """The metric fields of a row whose two tensors both have payloads (read one pair at a time)."""
     same = identical_pair(trace_a, ra, trace_b, rb)  # bitwise-equal files: no decoding
     if same is not None:
-        return metric_fields(same, approximate=False, note=dtype_note(ra, rb))
+        return measured(same, approximate=False, note=dtype_note(ra, rb))
     try:
         a, b = trace_a.load_payload(ra), trace_b.load_payload(rb)
     except PayloadFormatError:
         raise  # a trace that breaks the format is refused whole, not reported as one unreadable row
     except TracediffError as e:
-        return verdict_fields("unreadable", None, str(e))
+        return unmeasured("unreadable", None, str(e))
     if a.shape != b.shape and not squeezable(a.shape, b.shape):
-        return verdict_fields("shape_mismatch", False, f"shape differs: {list(a.shape)} vs {list(b.shape)}")
+        return unmeasured("shape_mismatch", False, f"shape differs: {list(a.shape)} vs {list(b.shape)}")
     stored = [_stored_dtype_note(side, r, t) for side, r, t in (("A", ra, a), ("B", rb, b))]
     a, b, notes = prepare_pair(a, b)
     notes = [*filter(None, stored), *notes]
@@ -42,7 +42,7 @@ def compare_payloads(
     else:
         metrics = compare_tensors(a, b, atol=atol, rtol=rtol)
     note = "; ".join(filter(None, [dtype_note(ra, rb), *notes]))
-    return metric_fields(metrics, approximate=False, note=note)
+    return measured(metrics, approximate=False, note=note)
 
 
 def _compare_exact(a: Any, b: Any) -> PairMetrics:

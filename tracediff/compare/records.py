@@ -7,15 +7,15 @@ Neither needs torch: payloads are decoded and compared with numpy in
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from dataclasses import replace
 from functools import lru_cache
-from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..format import MOMENT_STAT_KEYS
 from ..trace.load import Trace
 from ..trace.model import TensorRecord
-from .fields import verdict_fields
+from .measurement import Measurement, unmeasured
+from .rule import passes
 from .shapes import squeezable, squeeze_note
 
 if TYPE_CHECKING:
@@ -29,24 +29,24 @@ _COUNT_STATS = frozenset(("nan", "posinf", "neginf"))
 
 def compare_records(
     trace_a: Trace, ra: TensorRecord, trace_b: Trace, rb: TensorRecord, *, atol: float, rtol: float
-) -> Mapping[str, Any]:
-    """The metric fields of a row (status, reason and every metric) for one tensor pair (read them only:
-    pairs whose statistics are the same numbers share one)."""
+) -> Measurement:
+    """The measurement of one tensor pair: from payloads when both have one, else from statistics (pairs
+    whose statistics are the same numbers share one, frozen)."""
     shape_a, shape_b = ra.shape, rb.shape
     note = ""
     if shape_a != shape_b and shape_a is not None and shape_b is not None:
         if not squeezable(shape_a, shape_b):
-            return verdict_fields("shape_mismatch", False, f"shape differs: {list(shape_a)} vs {list(shape_b)}")
+            return unmeasured("shape_mismatch", False, f"shape differs: {list(shape_a)} vs {list(shape_b)}")
         note = squeeze_note(shape_a, shape_b)
     if ra.has_payload and rb.has_payload:
         from .payloads import compare_payloads  # numpy is imported only when payloads are compared
 
         return compare_payloads(trace_a, ra, trace_b, rb, atol=atol, rtol=rtol)
-    fields = compare_stats(ra, rb, atol=atol, rtol=rtol)
-    return {**fields, "reason": f"{fields['reason']}; {note}"} if note else fields
+    measurement = compare_stats(ra, rb, atol=atol, rtol=rtol)
+    return replace(measurement, reason=f"{measurement.reason}; {note}") if note else measurement
 
 
-def compare_stats(ra: TensorRecord, rb: TensorRecord, *, atol: float, rtol: float) -> Mapping[str, Any]:
+def compare_stats(ra: TensorRecord, rb: TensorRecord, *, atol: float, rtol: float) -> Measurement:
     """An approximate verdict from recorded statistics (mean, std, min, max, abs_mean).
 
     Each statistic of B must lie within ``atol + rtol * |statistic of A|`` of
@@ -55,14 +55,14 @@ def compare_stats(ra: TensorRecord, rb: TensorRecord, *, atol: float, rtol: floa
     and ``max_rel_err`` are the largest differences among the statistics,
     ``required_atol``/``required_rtol`` what would pass beyond that rounding,
     and NaN/Inf counts must agree when both sides recorded them. The other
-    metrics are NaN. Pairs whose statistics are the same numbers share one read-only result.
+    metrics are NaN. Pairs whose statistics are the same numbers share one measurement.
     """
     sa, sb = ra.stats, rb.stats
     keys = _STAT_KEYS if _ALL_STATS <= sa.keys() and _ALL_STATS <= sb.keys() else \
         tuple(k for k in _STAT_KEYS if k in sa and k in sb)
     if not keys:
         missing = "A" if not ra.stats else "B"
-        return verdict_fields("no_data", None, f"no payload and no statistics in {missing}")
+        return unmeasured("no_data", None, f"no payload and no statistics in {missing}")
     if sa == sb and not (ra.stale_reason or rb.stale_reason):  # the same numbers: nothing differs
         return _identical_stats(keys)
     # written in full by tracediff (with "numel"), or rounded to five digits by transformers: see _rounding
@@ -97,7 +97,7 @@ def compare_stats(ra: TensorRecord, rb: TensorRecord, *, atol: float, rtol: floa
         relative = excess / scale if va else (inf if excess else 0.0)
         if relative > need_rtol:
             need_rtol = relative
-        if not (isfinite(excess) and excess <= atol + rtol * scale):
+        if not (isfinite(excess) and passes(excess, scale, atol, rtol)):
             failing.append(f"{key} {va:.6g} vs {vb:.6g}")
     nan_a = nan_b = inf_a = inf_b = 0  # transformers' traces record no counts: nothing to compare
     if _COUNT_STATS <= sa.keys() and _COUNT_STATS <= sb.keys():
@@ -120,22 +120,18 @@ def _compared_on(keys: tuple[str, ...]) -> str:
     return "compared on statistics only: " + ", ".join(keys)
 
 
-@lru_cache(maxsize=64)  # in a trace aligned with itself or a rerun, most pairs: built once, never changed
-def _identical_stats(keys: tuple[str, ...]) -> Mapping[str, Any]:
-    return MappingProxyType(_stats_fields(True, _compared_on(keys), 0.0, 0.0, 0.0, 0.0, 0, 0))
+@lru_cache(maxsize=64)  # in a trace aligned with itself or a rerun, most pairs: built once, shared (frozen)
+def _identical_stats(keys: tuple[str, ...]) -> Measurement:
+    return _stats_fields(True, _compared_on(keys), 0.0, 0.0, 0.0, 0.0, 0, 0)
 
 
 def _stats_fields(within: bool, reason: str, worst_abs: float, worst_rel: float, need_atol: float,
-                  need_rtol: float, nan_mismatch: int, inf_mismatch: int) -> dict[str, Any]:
+                  need_rtol: float, nan_mismatch: int, inf_mismatch: int) -> Measurement:
     counts_agree = not (nan_mismatch or inf_mismatch)
-    return {
-        "status": "close" if within else "diverged",  # equal statistics do not prove equal tensors
-        "reason": reason, "within_tolerance": within, "approximate": True,
-        "max_abs_err": worst_abs, "max_rel_err": worst_rel, "mean_abs_err": NAN, "rms_err": NAN, "cosine": NAN,
-        "mismatch_fraction": NAN, "nan_mismatch": nan_mismatch, "inf_mismatch": inf_mismatch,
-        "required_atol": need_atol if counts_agree else math.inf,
-        "required_rtol": need_rtol if counts_agree else math.inf,
-    }
+    return Measurement(
+        "close" if within else "diverged", reason, within, True,  # equal statistics do not prove equal tensors
+        max_abs_err=worst_abs, max_rel_err=worst_rel, nan_mismatch=nan_mismatch, inf_mismatch=inf_mismatch,
+        required_atol=need_atol if counts_agree else math.inf, required_rtol=need_rtol if counts_agree else math.inf)
 
 
 # transformers' debugger writes statistics as reprs with five significant digits ("tensor(1.2345e-02)");

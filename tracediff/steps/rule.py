@@ -32,6 +32,7 @@ import json
 import math
 from typing import Any
 
+from ..compare.rule import allowed_error, passes
 from ..format import REPR, typed_value_content
 from .records import entry_identity
 from .result import Verdict
@@ -67,7 +68,7 @@ def judge(a: dict[str, Any] | None, b: dict[str, Any] | None, *, atol: float, rt
         return Verdict("diverged", "no_statistics", "contents differ; no statistics recorded to check the tolerance")
     for stat in TOLERANCE_STATS:
         if _number(sa.get(stat)) and _number(sb.get(stat)) and not _close(sa[stat], sb[stat], atol, rtol):
-            allowed = atol + rtol * abs(sa[stat])
+            allowed = allowed_error(abs(sa[stat]), atol, rtol)
             return Verdict("diverged", "tolerance", f"{stat} {sa[stat]:.6g} vs {sb[stat]:.6g}: off by "
                            f"{_gap(sa[stat], sb[stat]):.3g}, allowed {allowed:.3g}", drift, rel_drift)
     reason = f"contents differ; statistics within tolerance (drift {drift:.3g})"
@@ -106,7 +107,7 @@ def _close(x: float, y: float, atol: float, rtol: float) -> bool:
     gap = _gap(x, y)
     if gap == 0:
         return True
-    return math.isfinite(gap) and gap <= atol + rtol * abs(x)
+    return math.isfinite(gap) and bool(passes(gap, abs(x), atol, rtol))
 
 
 def _value_reason(a: dict[str, Any], b: dict[str, Any]) -> str:

@@ -37,6 +37,7 @@ from ...trace.load import Trace
 from ...trace.model import Node, TensorRecord
 
 if TYPE_CHECKING:
+    from ...compare.measurement import Measurement
     from ...trace.payload import Payload
 
 Step = tuple[Any, ...]
@@ -282,24 +283,24 @@ def _refines(x: tuple[int, ...], y: tuple[int, ...]) -> bool:
 
 
 def compare_transformed(trace_a: Trace, ra: TensorRecord, trace_b: Trace, rb: TensorRecord, transform: Transform,
-                        *, atol: float, rtol: float) -> dict[str, Any]:
+                        *, atol: float, rtol: float) -> Measurement:
     """The metric fields of a row whose pair is related by ``transform`` (payloads needed on both sides)."""
-    from ...compare.fields import dtype_note, metric_fields, verdict_fields
+    from ...compare.measurement import dtype_note, measured, unmeasured
     from ...compare.metrics import compare_tensors
 
     if not (ra.has_payload and rb.has_payload):
-        return verdict_fields("no_data", None,
+        return unmeasured("no_data", None,
                               f"{transform.describe(len(ra.shape or ()))}: needs payloads on both sides")
     try:
         a, b = trace_a.load_payload(ra), trace_b.load_payload(rb)
     except TracediffError as e:
-        return verdict_fields("unreadable", None, str(e))
+        return unmeasured("unreadable", None, str(e))
     if transform.side == "a":
         a = transform.apply(a)
     else:
         b = transform.apply(b)
     if a.shape != b.shape:
-        return verdict_fields("shape_mismatch", False, f"shape differs after the transform: {list(a.shape)} vs "
+        return unmeasured("shape_mismatch", False, f"shape differs after the transform: {list(a.shape)} vs "
                                                  f"{list(b.shape)}")
     metrics = compare_tensors(a, b, atol=atol, rtol=rtol)  # reshaped to one dimension there: a copy if permuted
-    return metric_fields(metrics, approximate=False, note=dtype_note(ra, rb))
+    return measured(metrics, approximate=False, note=dtype_note(ra, rb))

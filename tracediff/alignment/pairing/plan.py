@@ -11,8 +11,8 @@ map, structure or layout) and the transform relating it, if any.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
+from ...compare.measurement import Measurement
 from ...compare.shapes import squeezed
 from ...maps.rules import RenameRules, SlotRules
 from ...maps.suggest import suggest_rules
@@ -56,8 +56,8 @@ class Plan:
         return len(self.matching.pairs) + len({(id(a), id(b)) for a, b in self.layout_nodes})
 
     def compare(self, trace_a: Trace, ra: TensorRecord, trace_b: Trace, rb: TensorRecord, *, atol: float,
-                rtol: float) -> dict[str, Any] | None:
-        """The row's fields when a transform relates the pair; None to compare it the usual way."""
+                rtol: float) -> Measurement | None:
+        """The pair's measurement when a transform relates it; None to compare it the usual way."""
         transform = self.how.get((id(ra), id(rb)), ("", None))[1]
         if transform is None:
             return None

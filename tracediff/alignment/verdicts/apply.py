@@ -19,10 +19,11 @@ everything inside it; ``SLOT`` against the tensor slot (``outputs.0``,
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ...compare.measurement import Measurement
 from ...compare.records import compare_records
 from ...errors import UsageError
 from ...trace.load import Trace
@@ -80,7 +81,7 @@ def judge(rows: Sequence[TensorComparison], jobs: Sequence[Job], trace_a: Trace,
     if baseline is not None:
         records = baseline_records(baseline)
 
-        def floor_fields(index: int) -> Mapping[str, Any] | None:
+        def floor_fields(index: int) -> Measurement | None:
             node_a, ra, _, _ = jobs[index]
             rn = counterpart(records, node_a, ra)
             if rn is None:

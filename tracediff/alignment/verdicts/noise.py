@@ -29,9 +29,10 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import replace
 
+from ...compare.measurement import Measurement
 from ...trace.load import Trace
 from ...trace.model import Node, TensorRecord
 from ..result import TensorComparison
@@ -50,14 +51,14 @@ def counterpart(records: dict[tuple[tuple[str, str, int], str], TensorRecord], n
     return records.get((node_a.key, ra.slot))
 
 
-def floor_of(fields: Mapping[str, object] | None) -> float | None:
-    """The noise floor from the A-vs-N comparison fields, or None when they measured nothing usable."""
-    if fields is None:
+def floor_of(measurement: Measurement | None) -> float | None:
+    """The noise floor from the A-vs-N measurement, or None when it measured nothing usable."""
+    if measurement is None:
         return None
-    value = fields.get("max_abs_err")
+    value = measurement.max_abs_err
     if not isinstance(value, float) or math.isnan(value) or math.isinf(value):
         return None
-    if fields.get("nan_mismatch") or fields.get("inf_mismatch"):
+    if measurement.nan_mismatch or measurement.inf_mismatch:
         return None
     return value
 
