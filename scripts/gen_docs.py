@@ -48,6 +48,27 @@ SECTIONS = {
 }
 _ADDRESS = re.compile(r" at 0x[0-9A-Fa-f]+")
 
+# Documented subpackages: names users are sent to by the guides, importable from these modules and declared
+# API as much as tracediff.__all__ (tests/test_doc_references.py checks that the guides name no others).
+DOCUMENTED: dict[str, list[str]] = {
+    "tracediff.format": ["schema", "node_entry", "tensor_entry", "typed_value", "payload_reference",
+                         "metadata_entry", "op_node_entry", "is_op_node", "is_tensor_entry", "payload_layouts",
+                         "sanitize_repr"],
+    "tracediff.maps.rules": ["read_map", "RenameMap", "MapSpec"],
+    "tracediff.compare.rule": ["passes", "allowed_error"],
+    "tracediff.compare.measurement": ["Measurement"],
+    "tracediff.importers": ["import_dump", "ImportResult", "detect_kind", "KINDS"],
+    "tracediff.capturing.spec": ["capture_spec"],
+    "tracediff.capturing.ops": ["DEFAULT_EXCLUDED"],
+    "tracediff.replaying": ["NOISE_MULTIPLIER"],
+    "tracediff.show": ["show_trace"],
+    "tracediff.render.html": ["render_html"],
+    "tracediff.render.plot": ["plot_alignment"],
+    "tracediff.demo": ["run_demo"],
+}
+#: Documented, but importable only with an extra installed: named here without their docstrings.
+DOCUMENTED_WITH_EXTRAS = {"tracediff.steps.lightning.StepRecorderCallback": "lightning"}
+
 
 def _section_of(obj: Any) -> str:
     module = getattr(obj, "__module__", "") or ""
@@ -160,12 +181,36 @@ def api_markdown() -> str:
            "The guide is [README.md](../README.md); the command line is in [cli.md](cli.md).\n"]
     order = [*SECTIONS.values(), "Other"]
     out.append("Sections: " + ", ".join(f"[{title}](#{title.lower().replace(' ', '-')})"
-                                         for title in order if title in sections) + ".\n")
+                                         for title in order if title in sections)
+               + ", [Documented subpackages](#documented-subpackages).\n")
     for title in order:
         if title in sections:
             out.append(f"## {title}\n")
             out.extend(sections[title])
+    out.extend(_documented_subpackages())
     return re.sub(r"\n{3,}", "\n\n", "\n".join(out)).rstrip("\n") + "\n"
+
+
+def _documented_subpackages() -> list[str]:
+    import importlib
+
+    out = ["## Documented subpackages\n",
+           "Names the guides send users to that live in a subpackage; they are API as much as the names above.\n"]
+    for module_name, names in DOCUMENTED.items():
+        module = importlib.import_module(module_name)
+        for name in names:
+            obj = getattr(module, name)
+            qualified = f"{module_name}.{name}"
+            if inspect.isclass(obj):
+                out.extend(_class_doc(qualified, obj))
+            elif callable(obj):
+                out.extend([f"### `{qualified}`\n", _code(_signature(qualified, obj)), _doc(obj)])
+            else:
+                out.extend([f"### `{qualified}`\n", f"`{_stable(obj)!r}`\n"])
+    for qualified, extra in DOCUMENTED_WITH_EXTRAS.items():
+        out.append(f"### `{qualified}`\n")
+        out.append(f"Needs the `{extra}` extra (`pip install 'tracediff[{extra}]'`); see the README.\n")
+    return out
 
 
 @contextmanager

@@ -13,7 +13,7 @@ A short tour::
 
 1. Both traces are loaded (:func:`tracediff.load_trace`); payloads stay on disk.
 2. Nodes are matched by path and call index, with rename rules, or by
-   structure when names do not line up (:mod:`tracediff.alignment.pairing.plan.calls`).
+   structure when names do not line up (:mod:`tracediff.alignment.pairing.calls`).
 3. Each matched tensor pair is compared, one pair in memory at a time, from
    payloads when both sides have them and from recorded statistics otherwise
    (rows marked ``approximate``), under the tolerance of
@@ -125,7 +125,7 @@ def align(
         match: ``"auto"`` (default: names and the rename map first, then
             structure for the calls still unpaired, then layouts), ``"name"``
             (names and the map only) or ``"structure"`` (ignore names); see
-            :mod:`tracediff.alignment.pairing.plan.calls`. A map's ``slots`` rules rename
+            :mod:`tracediff.alignment.pairing.calls`. A map's ``slots`` rules rename
             tensor slots (:mod:`tracediff.alignment.pairing.slots`).
         allow_incomplete: when a trace is incomplete (its forward raised, its
             capture was interrupted or its process died), the comparison ends

@@ -144,7 +144,14 @@ def apply_rename(path: str, rules: RenameRules) -> str:
     return path
 
 
-_UNSET: Any = object()
+class _Unset:
+    """The default of a deprecated keyword: tells "not given" from ``None``."""
+
+    def __repr__(self) -> str:
+        return "<not given>"
+
+
+_UNSET: Any = _Unset()
 
 
 def map_argument(map: Any, rename: Any, *, stacklevel: int = 3) -> Any:

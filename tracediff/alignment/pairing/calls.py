@@ -10,10 +10,10 @@
    whose name needed the rules is matched ``"map"``. The rules are always
    applied.
 2. **layer blocks one side did not record** (transformers' default pruning,
-   see :mod:`tracediff.alignment.pairing.plan.unrecorded`) are set aside, with what lies
+   see :mod:`tracediff.alignment.pairing.unrecorded`) are set aside, with what lies
    inside them.
 3. **by structure**, only among the calls still unpaired, in call order
-   (:mod:`tracediff.alignment.pairing.plan.structure`; dtypes are ignored).
+   (:mod:`tracediff.alignment.pairing.structure`; dtypes are ignored).
 
 ``match="name"`` stops after step 2; ``match="structure"`` pairs every call by
 structure, ignoring names. Layout-aware pairs (fused projections, permuted

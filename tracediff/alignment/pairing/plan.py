@@ -1,6 +1,6 @@
 """From two traces to the tensor pairs ``tracediff.align`` compares, and how each was found.
 
-Calls are matched (:mod:`tracediff.alignment.pairing.plan.calls`), tensors within
+Calls are matched (:mod:`tracediff.alignment.pairing.calls`), tensors within
 matched calls are paired (:mod:`tracediff.alignment.pairing.slots`), then layouts
 relate what is left (:mod:`tracediff.alignment.pairing.layout`): fused calls among
 the unpaired children of matched calls, and tensors of a matched call whose
