@@ -79,7 +79,7 @@ class Port:
     replay_bug: str
     ops_bug: str
     ops_in: tuple[str, str]
-    bf16_reference: Callable[[nn.Module], nn.Module] = staticmethod(lambda model: model.to(torch.bfloat16))  # type: ignore[assignment]
+    bf16_reference: Callable[[nn.Module], nn.Module] = field(default=lambda model: model.to(torch.bfloat16))
 
     def bug(self, name: str) -> Bug:
         return next(bug for bug in self.bugs if bug.name == name)

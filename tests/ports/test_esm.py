@@ -142,33 +142,47 @@ PORT = Port(
 
 WRONG: dict[tuple[str, str], str] = {
     ("qk-swapped", "no map"):
-        "without a map only lm_head pairs by name and structure pairs nothing inside: the bug shows first at lm_head",
+        "without a map only lm_head pairs by name and structure pairs nothing inside: the bug shows first"
+        " at lm_head",
     ("qk-swapped", "suggested map"):
-        "without a map only lm_head pairs by name and structure pairs nothing inside: the bug shows first at lm_head",
+        "without a map only lm_head pairs by name and structure pairs nothing inside: the bug shows first"
+        " at lm_head",
     ("inv-freq-not-copied", "no map"):
-        "without a map only lm_head pairs by name and structure pairs nothing inside: the bug shows first at lm_head",
+        "without a map only lm_head pairs by name and structure pairs nothing inside: the bug shows first"
+        " at lm_head",
     ("inv-freq-not-copied", "suggested map"):
-        "without a map only lm_head pairs by name and structure pairs nothing inside: the bug shows first at lm_head",
+        "without a map only lm_head pairs by name and structure pairs nothing inside: the bug shows first"
+        " at lm_head",
     ("inv-freq-not-copied", "hand map"):
-        "the first divergence is `esm.encoder.layer.0.attention.output.dense`, not inside `esm.encoder.layer.0.attention.self`",
+        "the first divergence is `esm.encoder.layer.0.attention.output.dense`, not inside "
+        "`esm.encoder.layer.0.attention.self`",
     ("inv-freq-not-copied", "hand map + name"):
-        "the first divergence is `esm.encoder.layer.0.attention.output.dense`, not inside `esm.encoder.layer.0.attention.self`",
+        "the first divergence is `esm.encoder.layer.0.attention.output.dense`, not inside "
+        "`esm.encoder.layer.0.attention.self`",
     ("bert-eps", "no map"):
-        "without a map only lm_head pairs by name and structure pairs nothing inside: the bug shows first at lm_head",
+        "without a map only lm_head pairs by name and structure pairs nothing inside: the bug shows first"
+        " at lm_head",
     ("bert-eps", "suggested map"):
-        "without a map only lm_head pairs by name and structure pairs nothing inside: the bug shows first at lm_head",
+        "without a map only lm_head pairs by name and structure pairs nothing inside: the bug shows first"
+        " at lm_head",
     ("fc2-bias-missed", "no map"):
-        "without a map only lm_head pairs by name and structure pairs nothing inside: the bug shows first at lm_head",
+        "without a map only lm_head pairs by name and structure pairs nothing inside: the bug shows first"
+        " at lm_head",
     ("fc2-bias-missed", "suggested map"):
-        "without a map only lm_head pairs by name and structure pairs nothing inside: the bug shows first at lm_head",
+        "without a map only lm_head pairs by name and structure pairs nothing inside: the bug shows first"
+        " at lm_head",
     ("out-proj-transposed", "no map"):
-        "without a map only lm_head pairs by name and structure pairs nothing inside: the bug shows first at lm_head",
+        "without a map only lm_head pairs by name and structure pairs nothing inside: the bug shows first"
+        " at lm_head",
     ("out-proj-transposed", "suggested map"):
-        "without a map only lm_head pairs by name and structure pairs nothing inside: the bug shows first at lm_head",
+        "without a map only lm_head pairs by name and structure pairs nothing inside: the bug shows first"
+        " at lm_head",
     ("fc2-bias-missed", "replay"):
-        "replay's first culprit is `` (exit 1; 2 culprits, 19 skipped), not inside `esm.encoder.layer.1.output.dense`",
+        "replay's first culprit is `` (exit 1; 2 culprits, 19 skipped), not inside "
+        "`esm.encoder.layer.1.output.dense`",
     ("inv-freq-not-copied", "ops"):
-        "the first divergence is `esm.encoder.layer.0.attention.output.dense`, not inside `esm.encoder.layer.0.attention.self`",
+        "the first divergence is `esm.encoder.layer.0.attention.output.dense`, not inside "
+        "`esm.encoder.layer.0.attention.self`",
 }
 
 

@@ -77,7 +77,8 @@ BUGS = (
         edit_state=lambda s: (unpermute(s, "model.layers.1.self_attn.q_proj.weight", HEADS),
                               unpermute(s, "model.layers.1.self_attn.k_proj.weight", KV_HEADS))),
     Bug("kv-swapped", "layer 0's k_proj and v_proj weights swapped", "model.layers.0.self_attn",
-        edit_state=lambda s: swap(s, "model.layers.0.self_attn.k_proj.weight", "model.layers.0.self_attn.v_proj.weight")),
+        edit_state=lambda s: swap(s, "model.layers.0.self_attn.k_proj.weight",
+                                  "model.layers.0.self_attn.v_proj.weight")),
     Bug("gelu-for-silu", "hidden_act gelu instead of silu (every layer)", "model.layers.0.mlp.act_fn",
         edit_port=set_act),
     Bug("rms-eps", "rms_norm_eps 1e-2 instead of 1e-5 (every norm)", "model.layers.0.input_layernorm",
@@ -122,35 +123,48 @@ PORT = Port(
 
 WRONG: dict[tuple[str, str], str] = {
     ("clean", "no map"):
-        "tune_to_hf's rotary row permutation of q_proj/k_proj is not recognised as a layout: the clean q_proj diverges",
+        "tune_to_hf's rotary row permutation of q_proj/k_proj is not recognised as a layout: the clean "
+        "q_proj diverges",
     ("clean", "suggested map"):
-        "tune_to_hf's rotary row permutation of q_proj/k_proj is not recognised as a layout: the clean q_proj diverges",
+        "tune_to_hf's rotary row permutation of q_proj/k_proj is not recognised as a layout: the clean "
+        "q_proj diverges",
     ("rope-permutation-skipped", "no map"):
-        "tune_to_hf's rotary row permutation of q_proj/k_proj is not recognised as a layout: the clean q_proj diverges",
+        "tune_to_hf's rotary row permutation of q_proj/k_proj is not recognised as a layout: the clean "
+        "q_proj diverges",
     ("rope-permutation-skipped", "suggested map"):
-        "tune_to_hf's rotary row permutation of q_proj/k_proj is not recognised as a layout: the clean q_proj diverges",
+        "tune_to_hf's rotary row permutation of q_proj/k_proj is not recognised as a layout: the clean "
+        "q_proj diverges",
     ("kv-swapped", "no map"):
-        "tune_to_hf's rotary row permutation of q_proj/k_proj is not recognised as a layout: the clean q_proj diverges",
+        "tune_to_hf's rotary row permutation of q_proj/k_proj is not recognised as a layout: the clean "
+        "q_proj diverges",
     ("kv-swapped", "suggested map"):
-        "tune_to_hf's rotary row permutation of q_proj/k_proj is not recognised as a layout: the clean q_proj diverges",
+        "tune_to_hf's rotary row permutation of q_proj/k_proj is not recognised as a layout: the clean "
+        "q_proj diverges",
     ("gelu-for-silu", "no map"):
-        "tune_to_hf's rotary row permutation of q_proj/k_proj is not recognised as a layout: the clean q_proj diverges",
+        "tune_to_hf's rotary row permutation of q_proj/k_proj is not recognised as a layout: the clean "
+        "q_proj diverges",
     ("gelu-for-silu", "suggested map"):
-        "tune_to_hf's rotary row permutation of q_proj/k_proj is not recognised as a layout: the clean q_proj diverges",
+        "tune_to_hf's rotary row permutation of q_proj/k_proj is not recognised as a layout: the clean "
+        "q_proj diverges",
     ("rms-eps", "no map"):
-        "located at `model.layers.0.input_layernorm`, but the clean port diverges there too",
+        "located at `model.layers.0.input_layernorm`, but the clean port diverges in this mode too",
     ("rms-eps", "suggested map"):
-        "located at `model.layers.0.input_layernorm`, but the clean port diverges there too",
+        "located at `model.layers.0.input_layernorm`, but the clean port diverges in this mode too",
     ("o-proj-transposed", "no map"):
-        "tune_to_hf's rotary row permutation of q_proj/k_proj is not recognised as a layout: the clean q_proj diverges",
+        "tune_to_hf's rotary row permutation of q_proj/k_proj is not recognised as a layout: the clean "
+        "q_proj diverges",
     ("o-proj-transposed", "suggested map"):
-        "tune_to_hf's rotary row permutation of q_proj/k_proj is not recognised as a layout: the clean q_proj diverges",
+        "tune_to_hf's rotary row permutation of q_proj/k_proj is not recognised as a layout: the clean "
+        "q_proj diverges",
     ("bf16", "no map"):
-        "tune_to_hf's rotary row permutation of q_proj/k_proj is not recognised as a layout: the clean q_proj diverges",
+        "tune_to_hf's rotary row permutation of q_proj/k_proj is not recognised as a layout: the clean "
+        "q_proj diverges",
     ("bf16", "suggested map"):
-        "tune_to_hf's rotary row permutation of q_proj/k_proj is not recognised as a layout: the clean q_proj diverges",
+        "tune_to_hf's rotary row permutation of q_proj/k_proj is not recognised as a layout: the clean "
+        "q_proj diverges",
     ("o-proj-transposed", "replay"):
-        "replay's first culprit is `model.layers.0.self_attn.q_proj` (exit 1; 5 culprits, 2 skipped), not inside `model.layers.1.self_attn.o_proj`",
+        "replay's first culprit is `model.layers.0.self_attn.q_proj` (exit 1; 5 culprits, 2 skipped), not"
+        " inside `model.layers.1.self_attn.o_proj`",
 }
 
 

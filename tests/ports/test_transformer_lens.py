@@ -11,9 +11,7 @@ calls of their own (``blocks.0.attn.hook_q``).
 
 from __future__ import annotations
 
-import json
 import tempfile
-from pathlib import Path
 
 import pytest
 
@@ -141,47 +139,55 @@ WRONG: dict[tuple[str, str], str] = {
     ("clean", "suggested map"):
         "structure pairs GPT-2's calls with the wrong transformer-lens calls (hook points, wte/wpe)",
     ("clean", "hand map"):
-        "with --match auto, structure pairs transformer-lens's hook_embed with a GPT-2 call the map left unpaired",
+        "with --match auto, structure pairs transformer-lens's hook_embed with a GPT-2 call the map left "
+        "unpaired",
     ("qk-swapped", "no map"):
         "structure pairs GPT-2's calls with the wrong transformer-lens calls (hook points, wte/wpe)",
     ("qk-swapped", "suggested map"):
         "structure pairs GPT-2's calls with the wrong transformer-lens calls (hook points, wte/wpe)",
     ("qk-swapped", "hand map"):
-        "with --match auto, structure pairs transformer-lens's hook_embed with a GPT-2 call the map left unpaired",
+        "with --match auto, structure pairs transformer-lens's hook_embed with a GPT-2 call the map left "
+        "unpaired",
     ("gelu-for-gelu-new", "no map"):
         "structure pairs GPT-2's calls with the wrong transformer-lens calls (hook points, wte/wpe)",
     ("gelu-for-gelu-new", "suggested map"):
         "structure pairs GPT-2's calls with the wrong transformer-lens calls (hook points, wte/wpe)",
     ("gelu-for-gelu-new", "hand map"):
-        "with --match auto, structure pairs transformer-lens's hook_embed with a GPT-2 call the map left unpaired",
+        "with --match auto, structure pairs transformer-lens's hook_embed with a GPT-2 call the map left "
+        "unpaired",
     ("ln-eps", "no map"):
         "structure pairs GPT-2's calls with the wrong transformer-lens calls (hook points, wte/wpe)",
     ("ln-eps", "suggested map"):
         "structure pairs GPT-2's calls with the wrong transformer-lens calls (hook points, wte/wpe)",
     ("ln-eps", "hand map"):
-        "with --match auto, structure pairs transformer-lens's hook_embed with a GPT-2 call the map left unpaired",
+        "with --match auto, structure pairs transformer-lens's hook_embed with a GPT-2 call the map left "
+        "unpaired",
     ("c-proj-transposed", "no map"):
         "structure pairs GPT-2's calls with the wrong transformer-lens calls (hook points, wte/wpe)",
     ("c-proj-transposed", "suggested map"):
         "structure pairs GPT-2's calls with the wrong transformer-lens calls (hook points, wte/wpe)",
     ("c-proj-transposed", "hand map"):
-        "with --match auto, structure pairs transformer-lens's hook_embed with a GPT-2 call the map left unpaired",
+        "with --match auto, structure pairs transformer-lens's hook_embed with a GPT-2 call the map left "
+        "unpaired",
     ("mlp-bias-missed", "no map"):
         "structure pairs GPT-2's calls with the wrong transformer-lens calls (hook points, wte/wpe)",
     ("mlp-bias-missed", "suggested map"):
         "structure pairs GPT-2's calls with the wrong transformer-lens calls (hook points, wte/wpe)",
     ("mlp-bias-missed", "hand map"):
-        "with --match auto, structure pairs transformer-lens's hook_embed with a GPT-2 call the map left unpaired",
+        "with --match auto, structure pairs transformer-lens's hook_embed with a GPT-2 call the map left "
+        "unpaired",
     ("bf16", "no map"):
         "structure pairs GPT-2's calls with the wrong transformer-lens calls (hook points, wte/wpe)",
     ("bf16", "suggested map"):
         "structure pairs GPT-2's calls with the wrong transformer-lens calls (hook points, wte/wpe)",
     ("bf16", "hand map"):
-        "with --match auto, structure pairs transformer-lens's hook_embed with a GPT-2 call the map left unpaired",
+        "with --match auto, structure pairs transformer-lens's hook_embed with a GPT-2 call the map left "
+        "unpaired",
     ("c-proj-transposed", "replay"):
         "replay's first culprit is `None` (exit 0; 0 culprits, 16 skipped), not inside `blocks.0.attn`",
     ("gelu-for-gelu-new", "ops"):
-        "with --match auto, structure pairs transformer-lens's hook_embed with a GPT-2 call the map left unpaired",
+        "with --match auto, structure pairs transformer-lens's hook_embed with a GPT-2 call the map left "
+        "unpaired",
 }
 
 
@@ -200,5 +206,3 @@ def test_config_is_transformer_lens_own() -> None:
     """The port's config comes from transformer-lens's GPT-2 config conversion, not from this file."""
     config = tl_config()
     assert (config.act_fn, config.normalization_type, config.d_mlp, config.eps) == ("gelu_new", "LN", 4 * DIM, 1e-5)
-    assert json.dumps  # keeps the json import honest for the config folder round trip
-    assert Path

@@ -67,10 +67,11 @@ def convert(model: nn.Module) -> StateDict:
 def port(state: StateDict) -> nn.Module:
     from transformers import WhisperConfig, WhisperForConditionalGeneration
 
+    ffn_dim = state["decoder.layers.0.fc1.weight"].shape[0]
     config = WhisperConfig(
         vocab_size=VOCAB, num_mel_bins=MELS, d_model=STATE, encoder_layers=LAYERS, decoder_layers=LAYERS,
-        encoder_attention_heads=HEADS, decoder_attention_heads=HEADS, encoder_ffn_dim=state["decoder.layers.0.fc1.weight"].shape[0],
-        decoder_ffn_dim=state["decoder.layers.0.fc1.weight"].shape[0], max_source_positions=AUDIO_CTX,
+        encoder_attention_heads=HEADS, decoder_attention_heads=HEADS, encoder_ffn_dim=ffn_dim,
+        decoder_ffn_dim=ffn_dim, max_source_positions=AUDIO_CTX,
         max_target_positions=TEXT_CTX, eos_token_id=VOCAB - 1, bos_token_id=VOCAB - 1, pad_token_id=VOCAB - 1,
         decoder_start_token_id=VOCAB - 2, use_cache=False, attn_implementation="eager",
     )
@@ -166,33 +167,43 @@ PORT = Port(
 
 WRONG: dict[tuple[str, str], str] = {
     ("clean", "no map"):
-        "whisper's blocks take (x, xa, mask=), transformers' layers (hidden_states, attention_mask, encoder_hidden_states=): inputs.args.1 pairs the audio features with the mask",
+        "whisper's blocks take (x, xa, mask=), transformers' layers (hidden_states, attention_mask, "
+        "encoder_hidden_states=): inputs.args.1 pairs the audio features with the mask",
     ("clean", "suggested map"):
-        "whisper's blocks take (x, xa, mask=), transformers' layers (hidden_states, attention_mask, encoder_hidden_states=): inputs.args.1 pairs the audio features with the mask",
+        "whisper's blocks take (x, xa, mask=), transformers' layers (hidden_states, attention_mask, "
+        "encoder_hidden_states=): inputs.args.1 pairs the audio features with the mask",
     ("cross-kv-swapped", "no map"):
-        "whisper's blocks take (x, xa, mask=), transformers' layers (hidden_states, attention_mask, encoder_hidden_states=): inputs.args.1 pairs the audio features with the mask",
+        "whisper's blocks take (x, xa, mask=), transformers' layers (hidden_states, attention_mask, "
+        "encoder_hidden_states=): inputs.args.1 pairs the audio features with the mask",
     ("cross-kv-swapped", "suggested map"):
-        "whisper's blocks take (x, xa, mask=), transformers' layers (hidden_states, attention_mask, encoder_hidden_states=): inputs.args.1 pairs the audio features with the mask",
+        "whisper's blocks take (x, xa, mask=), transformers' layers (hidden_states, attention_mask, "
+        "encoder_hidden_states=): inputs.args.1 pairs the audio features with the mask",
     ("conv2-bias-missed", "no map"):
-        "located at `model.encoder.conv2`, but the clean port diverges there too",
+        "located at `model.encoder.conv2`, but the clean port diverges in this mode too",
     ("conv2-bias-missed", "suggested map"):
-        "located at `model.encoder.conv2`, but the clean port diverges there too",
+        "located at `model.encoder.conv2`, but the clean port diverges in this mode too",
     ("gelu-tanh", "no map"):
-        "located at `model.encoder.layers.0.activation_fn`, but the clean port diverges there too",
+        "located at `model.encoder.layers.0.activation_fn`, but the clean port diverges in this mode too",
     ("gelu-tanh", "suggested map"):
-        "located at `model.encoder.layers.0.activation_fn`, but the clean port diverges there too",
+        "located at `model.encoder.layers.0.activation_fn`, but the clean port diverges in this mode too",
     ("cross-attn-scale", "no map"):
-        "whisper's blocks take (x, xa, mask=), transformers' layers (hidden_states, attention_mask, encoder_hidden_states=): inputs.args.1 pairs the audio features with the mask",
+        "whisper's blocks take (x, xa, mask=), transformers' layers (hidden_states, attention_mask, "
+        "encoder_hidden_states=): inputs.args.1 pairs the audio features with the mask",
     ("cross-attn-scale", "suggested map"):
-        "whisper's blocks take (x, xa, mask=), transformers' layers (hidden_states, attention_mask, encoder_hidden_states=): inputs.args.1 pairs the audio features with the mask",
+        "whisper's blocks take (x, xa, mask=), transformers' layers (hidden_states, attention_mask, "
+        "encoder_hidden_states=): inputs.args.1 pairs the audio features with the mask",
     ("out-proj-transposed", "no map"):
-        "whisper's blocks take (x, xa, mask=), transformers' layers (hidden_states, attention_mask, encoder_hidden_states=): inputs.args.1 pairs the audio features with the mask",
+        "whisper's blocks take (x, xa, mask=), transformers' layers (hidden_states, attention_mask, "
+        "encoder_hidden_states=): inputs.args.1 pairs the audio features with the mask",
     ("out-proj-transposed", "suggested map"):
-        "whisper's blocks take (x, xa, mask=), transformers' layers (hidden_states, attention_mask, encoder_hidden_states=): inputs.args.1 pairs the audio features with the mask",
+        "whisper's blocks take (x, xa, mask=), transformers' layers (hidden_states, attention_mask, "
+        "encoder_hidden_states=): inputs.args.1 pairs the audio features with the mask",
     ("bf16", "no map"):
-        "whisper's blocks take (x, xa, mask=), transformers' layers (hidden_states, attention_mask, encoder_hidden_states=): inputs.args.1 pairs the audio features with the mask",
+        "whisper's blocks take (x, xa, mask=), transformers' layers (hidden_states, attention_mask, "
+        "encoder_hidden_states=): inputs.args.1 pairs the audio features with the mask",
     ("bf16", "suggested map"):
-        "whisper's blocks take (x, xa, mask=), transformers' layers (hidden_states, attention_mask, encoder_hidden_states=): inputs.args.1 pairs the audio features with the mask",
+        "whisper's blocks take (x, xa, mask=), transformers' layers (hidden_states, attention_mask, "
+        "encoder_hidden_states=): inputs.args.1 pairs the audio features with the mask",
 }
 
 
