@@ -44,6 +44,7 @@ from tracediff.cli.main import main as cli_main
 
 INSTALL = 'pip install -c constraints.txt -e ".[ports]"'
 MODES = ("no map", "suggested map", "hand map", "hand map + name")
+UNMAPPED = ("no map", "suggested map")
 CLEAN = "clean"
 BF16 = "bf16"
 
@@ -256,6 +257,11 @@ def cases(port: Port) -> Iterator[tuple[str, str]]:
             yield case, mode
     yield port.replay_bug, "replay"
     yield port.ops_bug, "ops"
+
+
+def wrong_in(cases: tuple[str, ...], modes: tuple[str, ...], reason: str) -> dict[tuple[str, str], str]:
+    """The same reason for every (case, mode) of ``cases`` x ``modes``."""
+    return {(case, mode): reason for case in cases for mode in modes}
 
 
 def parametrized(port: Port, wrong: dict[tuple[str, str], str]) -> list[Any]:

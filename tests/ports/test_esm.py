@@ -12,7 +12,17 @@ from __future__ import annotations
 
 import pytest
 
-from tests.ports.harness import INSTALL, Bug, Port, PortRun, StateDict, parametrized, swap
+from tests.ports.harness import (
+    INSTALL,
+    UNMAPPED,
+    Bug,
+    Port,
+    PortRun,
+    StateDict,
+    parametrized,
+    swap,
+    wrong_in,
+)
 
 pytest.importorskip("esm", reason=f"the ports extra is not installed: {INSTALL}")
 
@@ -98,7 +108,7 @@ BUGS = (
         edit_state=lambda s: [swap(s, f"esm.encoder.layer.1.attention.self.query.{p}",
                                    f"esm.encoder.layer.1.attention.self.key.{p}") for p in ("weight", "bias")]),
     Bug("inv-freq-not-copied", "rotary inv_freq recomputed in float32 instead of copied (every layer)",
-        "esm.encoder.layer.0.attention.self", edit_state=drop_inv_freq),
+        "esm.rotary_embeddings", edit_state=drop_inv_freq),
     Bug("bert-eps", "layer_norm_eps 1e-12 (BERT's default) instead of 1e-5 (every encoder LayerNorm)",
         "esm.encoder.layer.0.attention.LayerNorm", edit_port=set_eps),
     Bug("fc2-bias-missed", "layer 1's fc2 bias not copied (left at zero)", "esm.encoder.layer.1.output.dense",
@@ -140,49 +150,16 @@ PORT = Port(
     ops_in=("layers.0.self_attn", "esm.encoder.layer.0.attention.self"),
 )
 
+ONLY_LM_HEAD = ("no module name below the root is shared but lm_head, and structure pairs nothing inside "
+                "(the suggested map is empty): every bug first shows at lm_head")
+ROTARY_TABLES = ("transformers computes the rotary tables once (esm.rotary_embeddings), fair-esm in each "
+                 "attention (rot_emb): neither call has a partner, and the error first shows at layer 0's "
+                 "attention.output.dense input")
 WRONG: dict[tuple[str, str], str] = {
-    ("qk-swapped", "no map"):
-        "without a map only lm_head pairs by name and structure pairs nothing inside: the bug shows first"
-        " at lm_head",
-    ("qk-swapped", "suggested map"):
-        "without a map only lm_head pairs by name and structure pairs nothing inside: the bug shows first"
-        " at lm_head",
-    ("inv-freq-not-copied", "no map"):
-        "without a map only lm_head pairs by name and structure pairs nothing inside: the bug shows first"
-        " at lm_head",
-    ("inv-freq-not-copied", "suggested map"):
-        "without a map only lm_head pairs by name and structure pairs nothing inside: the bug shows first"
-        " at lm_head",
-    ("inv-freq-not-copied", "hand map"):
-        "the first divergence is `esm.encoder.layer.0.attention.output.dense`, not inside "
-        "`esm.encoder.layer.0.attention.self`",
-    ("inv-freq-not-copied", "hand map + name"):
-        "the first divergence is `esm.encoder.layer.0.attention.output.dense`, not inside "
-        "`esm.encoder.layer.0.attention.self`",
-    ("bert-eps", "no map"):
-        "without a map only lm_head pairs by name and structure pairs nothing inside: the bug shows first"
-        " at lm_head",
-    ("bert-eps", "suggested map"):
-        "without a map only lm_head pairs by name and structure pairs nothing inside: the bug shows first"
-        " at lm_head",
-    ("fc2-bias-missed", "no map"):
-        "without a map only lm_head pairs by name and structure pairs nothing inside: the bug shows first"
-        " at lm_head",
-    ("fc2-bias-missed", "suggested map"):
-        "without a map only lm_head pairs by name and structure pairs nothing inside: the bug shows first"
-        " at lm_head",
-    ("out-proj-transposed", "no map"):
-        "without a map only lm_head pairs by name and structure pairs nothing inside: the bug shows first"
-        " at lm_head",
-    ("out-proj-transposed", "suggested map"):
-        "without a map only lm_head pairs by name and structure pairs nothing inside: the bug shows first"
-        " at lm_head",
-    ("fc2-bias-missed", "replay"):
-        "replay's first culprit is `` (exit 1; 2 culprits, 19 skipped), not inside "
-        "`esm.encoder.layer.1.output.dense`",
-    ("inv-freq-not-copied", "ops"):
-        "the first divergence is `esm.encoder.layer.0.attention.output.dense`, not inside "
-        "`esm.encoder.layer.0.attention.self`",
+    **wrong_in(tuple(bug.name for bug in BUGS), UNMAPPED, ONLY_LM_HEAD),
+    **wrong_in(("inv-freq-not-copied",), ("hand map", "hand map + name", "ops"), ROTARY_TABLES),
+    ("fc2-bias-missed", "replay"): "replay skips 19 calls (B's modules do not take A's recorded arguments) "
+                                   "and its first culprit is the root",
 }
 
 

@@ -13,7 +13,17 @@ from __future__ import annotations
 
 import pytest
 
-from tests.ports.harness import INSTALL, Bug, Port, PortRun, StateDict, parametrized, swap
+from tests.ports.harness import (
+    INSTALL,
+    UNMAPPED,
+    Bug,
+    Port,
+    PortRun,
+    StateDict,
+    parametrized,
+    swap,
+    wrong_in,
+)
 
 pytest.importorskip("whisper", reason=f"the ports extra is not installed: {INSTALL}")
 
@@ -165,46 +175,11 @@ PORT = Port(
     bf16_reference=bf16_reference,
 )
 
-WRONG: dict[tuple[str, str], str] = {
-    ("clean", "no map"):
-        "whisper's blocks take (x, xa, mask=), transformers' layers (hidden_states, attention_mask, "
-        "encoder_hidden_states=): inputs.args.1 pairs the audio features with the mask",
-    ("clean", "suggested map"):
-        "whisper's blocks take (x, xa, mask=), transformers' layers (hidden_states, attention_mask, "
-        "encoder_hidden_states=): inputs.args.1 pairs the audio features with the mask",
-    ("cross-kv-swapped", "no map"):
-        "whisper's blocks take (x, xa, mask=), transformers' layers (hidden_states, attention_mask, "
-        "encoder_hidden_states=): inputs.args.1 pairs the audio features with the mask",
-    ("cross-kv-swapped", "suggested map"):
-        "whisper's blocks take (x, xa, mask=), transformers' layers (hidden_states, attention_mask, "
-        "encoder_hidden_states=): inputs.args.1 pairs the audio features with the mask",
-    ("conv2-bias-missed", "no map"):
-        "located at `model.encoder.conv2`, but the clean port diverges in this mode too",
-    ("conv2-bias-missed", "suggested map"):
-        "located at `model.encoder.conv2`, but the clean port diverges in this mode too",
-    ("gelu-tanh", "no map"):
-        "located at `model.encoder.layers.0.activation_fn`, but the clean port diverges in this mode too",
-    ("gelu-tanh", "suggested map"):
-        "located at `model.encoder.layers.0.activation_fn`, but the clean port diverges in this mode too",
-    ("cross-attn-scale", "no map"):
-        "whisper's blocks take (x, xa, mask=), transformers' layers (hidden_states, attention_mask, "
-        "encoder_hidden_states=): inputs.args.1 pairs the audio features with the mask",
-    ("cross-attn-scale", "suggested map"):
-        "whisper's blocks take (x, xa, mask=), transformers' layers (hidden_states, attention_mask, "
-        "encoder_hidden_states=): inputs.args.1 pairs the audio features with the mask",
-    ("out-proj-transposed", "no map"):
-        "whisper's blocks take (x, xa, mask=), transformers' layers (hidden_states, attention_mask, "
-        "encoder_hidden_states=): inputs.args.1 pairs the audio features with the mask",
-    ("out-proj-transposed", "suggested map"):
-        "whisper's blocks take (x, xa, mask=), transformers' layers (hidden_states, attention_mask, "
-        "encoder_hidden_states=): inputs.args.1 pairs the audio features with the mask",
-    ("bf16", "no map"):
-        "whisper's blocks take (x, xa, mask=), transformers' layers (hidden_states, attention_mask, "
-        "encoder_hidden_states=): inputs.args.1 pairs the audio features with the mask",
-    ("bf16", "suggested map"):
-        "whisper's blocks take (x, xa, mask=), transformers' layers (hidden_states, attention_mask, "
-        "encoder_hidden_states=): inputs.args.1 pairs the audio features with the mask",
-}
+EVERY = ("clean", *(bug.name for bug in BUGS), "bf16")
+MISPAIRED = ("whisper's blocks take (x, xa, mask=), transformers' layers (hidden_states, attention_mask, "
+             "encoder_hidden_states=): inputs.args.1 pairs the audio features with the mask, so even the "
+             "clean port diverges at decoder.layers.0")
+WRONG: dict[tuple[str, str], str] = wrong_in(EVERY, UNMAPPED, MISPAIRED)
 
 
 @pytest.fixture(scope="module")
