@@ -25,7 +25,7 @@ sys.path.insert(0, str(ROOT))
 
 from tests.ports.harness import MODES, Outcome, PortRun, cases  # noqa: E402
 
-PORTS = ("whisper", "esm", "transformer_lens", "torchtune")
+PORTS = ("whisper", "esm", "transformer_lens", "transformer_lens_llama", "torchtune")
 DOC = ROOT / "docs" / "accuracy.md"
 START, END = "<!-- accuracy table -->", "<!-- /accuracy table -->"
 

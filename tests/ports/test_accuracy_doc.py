@@ -14,7 +14,7 @@ import pytest
 from tests.ports.harness import INSTALL, MODES, cases
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "accuracy.md"
-FILES = ("whisper", "esm", "transformer_lens", "torchtune")
+FILES = ("whisper", "esm", "transformer_lens", "transformer_lens_llama", "torchtune")
 
 
 def doc_cells() -> dict[tuple[str, str, str], bool]:
