@@ -242,7 +242,10 @@ class PortRun:
             if right and self.judge(CLEAN, "hand map").exit_code != 0:
                 right, note = False, "the clean port diverges too"
             return Outcome(self.port.name, case, mode, code, module, 1, expected, right, note)
-        result = tracediff.replay(self.port_model(case), self.trace("reference"), map=self.port.hand_map)
+        try:
+            result = tracediff.replay(self.port_model(case), self.trace("reference"), map=self.port.hand_map)
+        except tracediff.TracediffError as error:   # bad input: exit 2, never a verdict
+            return Outcome(self.port.name, case, mode, 2, None, 1, expected, False, str(error))
         culprit = relative(result.culprits[0].module_path_b) if result.culprits else None
         code = 0 if result.passed else 1
         note = f"{len(result.culprits)} culprits, {len(result.skipped)} skipped"
