@@ -1,0 +1,286 @@
+"""The machinery of the real-port suite (issue 22): build both sides, plant a bug, capture, align, judge.
+
+A ``Port`` says how to build the reference (A) from a config with seeded random weights, how to convert
+its weights with the conversion code or key naming of the project that owns the port, how to build the
+port (B) from the converted weights, how to run each side, and which bugs porters really make. A
+``PortRun`` captures every trace it needs once into a folder (under ``torch.no_grad()``, same inputs on
+both sides) and answers one question per case: in this mode, does ``tracediff align`` give the right
+verdict (exit code, and for a bug the module that holds it)?
+
+The modes:
+
+- ``no map``: ``tracediff align A B``;
+- ``suggested map``: ``align A B_clean --suggest-map FILE`` once, then ``align A B --map FILE``;
+- ``hand map``: ``align A B --map HAND`` (the port's hand-written rename rules, ``--match auto``);
+- ``hand map + name``: ``align A B --map HAND --match name``.
+
+A bf16 case casts the converted port to bfloat16 and adds ``--baseline`` (the reference cast to
+bfloat16); it is right when it passes. A bug is never right in a mode where the clean port already
+diverges: there the bug's verdict is the clean port's. ``replay`` and ``ops`` are asked of one bug per port, with the
+hand map. A bug is located right when the first divergence (or the first culprit of a replay) is the
+expected module or a module inside it. The expected module is the smallest module holding every
+weight or setting the bug edits: ``k_proj`` for one weight, ``self_attn`` for ``k_proj`` and ``v_proj``
+swapped (either projection locates it), ``blocks.1.attn`` for transformer-lens's ``W_Q`` (its hook
+point ``blocks.1.attn.hook_q`` locates it too). ``ops`` records op nodes only inside the module
+holding the bug on each side (``Port.ops_in``, the two-step recipe of docs/ops.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import shutil
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+import tracediff
+from tracediff.cli.main import main as cli_main
+
+INSTALL = 'pip install -c constraints.txt -e ".[ports]"'
+MODES = ("no map", "suggested map", "hand map", "hand map + name")
+UNMAPPED = ("no map", "suggested map")
+CLEAN = "clean"
+BF16 = "bf16"
+
+StateDict = dict[str, torch.Tensor]
+
+
+@dataclass(frozen=True)
+class Bug:
+    """A conversion mistake: an edit of the converted state dict, or of the built port, and where it lands.
+
+    ``module`` is B's module path relative to the root (the root's class name left out).
+    """
+
+    name: str
+    what: str
+    module: str
+    edit_state: Callable[[StateDict], None] | None = None
+    edit_port: Callable[[nn.Module], None] | None = None
+
+
+@dataclass(frozen=True)
+class Port:
+    """Both sides of one real port, from configs with seeded random weights (nothing downloaded)."""
+
+    name: str
+    reference: Callable[[], nn.Module]
+    convert: Callable[[nn.Module], StateDict]
+    port: Callable[[StateDict], nn.Module]
+    run_reference: Callable[[nn.Module], Any]
+    run_port: Callable[[nn.Module], Any]
+    hand_map: dict[str, Any]
+    bugs: tuple[Bug, ...]
+    replay_bug: str
+    ops_bug: str
+    ops_in: tuple[str, str]
+    bf16_reference: Callable[[nn.Module], nn.Module] = field(default=lambda model: model.to(torch.bfloat16))
+
+    def bug(self, name: str) -> Bug:
+        return next(bug for bug in self.bugs if bug.name == name)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one run said, and whether that was right."""
+
+    port: str
+    case: str
+    mode: str
+    exit_code: int
+    module: str | None
+    expected_exit: int
+    expected_module: str | None
+    right: bool
+    note: str = ""
+
+
+def relative(path: str | None) -> str | None:
+    """A recorded module path without its root class name (``LlamaForCausalLM.model.norm`` -> ``model.norm``)."""
+    if path is None:
+        return None
+    return path.split(".", 1)[1] if "." in path else ""
+
+
+def inside(module: str | None, expected: str) -> bool:
+    return module is not None and (module == expected or module.startswith(expected + "."))
+
+
+def swap(state: StateDict, first: str, second: str) -> None:
+    state[first], state[second] = state[second].clone(), state[first].clone()
+
+
+@dataclass
+class PortRun:
+    """Every trace and verdict of one port, captured lazily into ``root`` and kept for the session."""
+
+    port: Port
+    root: Path
+    _traces: dict[str, Path] = field(default_factory=dict)
+    _clean: dict[str, Outcome] = field(default_factory=dict)
+
+    # --- models ------------------------------------------------------------------------------------------
+
+    def reference_model(self) -> nn.Module:
+        torch.manual_seed(0)
+        return self.port.reference().eval()
+
+    def port_model(self, case: str) -> nn.Module:
+        state = {key: value.detach().clone() for key, value in self.port.convert(self.reference_model()).items()}
+        bug = None if case in (CLEAN, BF16) else self.port.bug(case)
+        if bug is not None and bug.edit_state is not None:
+            with torch.no_grad():
+                bug.edit_state(state)
+        model = self.port.port(state).eval()
+        if bug is not None and bug.edit_port is not None:
+            with torch.no_grad():
+                bug.edit_port(model)
+        return model.to(torch.bfloat16) if case == BF16 else model
+
+    # --- traces ------------------------------------------------------------------------------------------
+
+    def trace(self, case: str, *, ops: bool = False) -> Path:
+        """``reference``, ``reference-bf16``, ``clean``, ``bf16`` or a bug's name; ``ops`` adds op nodes."""
+        key = f"{case}-ops" if ops else case
+        if key not in self._traces:
+            out = self.root / self.port.name / key
+            if out.exists():
+                shutil.rmtree(out)
+            if case.startswith("reference"):
+                model = self.reference_model()
+                run = self.port.run_reference
+                if case == "reference-bf16":
+                    model = self.port.bf16_reference(model)
+            else:
+                model = self.port_model(case)
+                run = self.port.run_port
+            ops_in = self.port.ops_in[0 if case.startswith("reference") else 1] if ops else ()
+            with torch.no_grad(), tracediff.capture(model, out, ops=ops, ops_in=ops_in):
+                run(model)
+            self._traces[key] = out
+        return self._traces[key]
+
+    def hand_map_file(self) -> Path:
+        path = self.root / self.port.name / "hand-map.json"
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(json.dumps(self.port.hand_map, indent=1))
+        return path
+
+    def suggested_map_file(self) -> Path | None:
+        """The map ``--suggest-map`` writes for the clean port, or None when it wrote none."""
+        path = self.root / self.port.name / "suggested-map.json"
+        if not path.exists():
+            self.cli(["align", str(self.trace("reference")), str(self.trace(CLEAN)), "--suggest-map", str(path)])
+        return path if path.exists() else None
+
+    # --- runs --------------------------------------------------------------------------------------------
+
+    def cli(self, argv: list[str]) -> tuple[int, str]:
+        """``tracediff ARGV`` in-process: the exit code and stdout."""
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = cli_main(argv)
+        return code, out.getvalue() + err.getvalue()
+
+    def align(self, case: str, mode: str, *, ops: bool = False) -> tuple[int, str | None, str]:
+        """Run ``tracediff align`` for one case in one mode: exit code, first divergence's module (B's, relative)."""
+        reference = "reference-bf16" if case == BF16 else "reference"
+        argv = ["align", str(self.trace("reference", ops=ops)), str(self.trace(case, ops=ops))]
+        note = ""
+        if mode == "suggested map":
+            suggested = self.suggested_map_file()
+            if suggested is None:
+                note = "no map suggested"
+            else:
+                argv += ["--map", str(suggested)]
+        elif mode in ("hand map", "hand map + name"):
+            argv += ["--map", str(self.hand_map_file())]
+            if mode == "hand map + name":
+                argv += ["--match", "name"]
+        if case == BF16:
+            argv += ["--baseline", str(self.trace(reference))]
+        report = self.root / self.port.name / "report.json"
+        code, output = self.cli([*argv, "--format", "json", "--output", str(report)])
+        if code not in (0, 1):
+            return code, None, output.strip().splitlines()[-1] if output.strip() else note
+        first = json.loads(report.read_text())["first_divergence"]
+        module = relative(first["module_path_b"]) if first else None
+        if first and first.get("op"):
+            note = f"op {first['op']}"
+        return code, module, note
+
+    def judge(self, case: str, mode: str) -> Outcome:
+        """One cell of the table: the run, and whether its verdict is right."""
+        if mode in ("replay", "ops"):
+            return self._judge_extra(case, mode)
+        if case == CLEAN and mode in self._clean:
+            return self._clean[mode]
+        code, module, note = self.align(case, mode)
+        if case == CLEAN:
+            self._clean[mode] = Outcome(self.port.name, case, mode, code, module, 0, None, code == 0, note)
+            return self._clean[mode]
+        if case == BF16:
+            return Outcome(self.port.name, case, mode, code, module, 0, None, code == 0, note)
+        expected = self.port.bug(case).module
+        right = code == 1 and inside(module, expected)
+        if right and self.judge(CLEAN, mode).exit_code != 0:
+            right, note = False, "the clean port diverges too"
+        return Outcome(self.port.name, case, mode, code, module, 1, expected, right, note)
+
+    def _judge_extra(self, case: str, mode: str) -> Outcome:
+        expected = self.port.bug(case).module
+        if mode == "ops":
+            code, module, note = self.align(case, "hand map", ops=True)
+            right = code == 1 and inside(module, expected)
+            if right and self.judge(CLEAN, "hand map").exit_code != 0:
+                right, note = False, "the clean port diverges too"
+            return Outcome(self.port.name, case, mode, code, module, 1, expected, right, note)
+        try:
+            result = tracediff.replay(self.port_model(case), self.trace("reference"), map=self.port.hand_map)
+        except tracediff.TracediffError as error:   # bad input: exit 2, never a verdict
+            return Outcome(self.port.name, case, mode, 2, None, 1, expected, False, str(error))
+        culprit = relative(result.culprits[0].module_path_b) if result.culprits else None
+        code = 0 if result.passed else 1
+        note = f"{len(result.culprits)} culprits, {len(result.skipped)} skipped"
+        return Outcome(self.port.name, case, mode, code, culprit, 1, expected,
+                       code == 1 and inside(culprit, expected), note)
+
+
+def cases(port: Port) -> Iterator[tuple[str, str]]:
+    """Every (case, mode) of a port, in table order."""
+    for case in (CLEAN, *(bug.name for bug in port.bugs), BF16):
+        for mode in MODES:
+            yield case, mode
+    yield port.replay_bug, "replay"
+    yield port.ops_bug, "ops"
+
+
+def wrong_in(cases: tuple[str, ...], modes: tuple[str, ...], reason: str) -> dict[tuple[str, str], str]:
+    """The same reason for every (case, mode) of ``cases`` x ``modes``."""
+    return {(case, mode): reason for case in cases for mode in modes}
+
+
+def parametrized(port: Port, wrong: dict[tuple[str, str], str]) -> list[Any]:
+    """The (case, mode) parameters of a port's test, each case tracediff gets wrong today marked xfail(strict).
+
+    ``wrong`` maps (case, mode) to what goes wrong; the pairing rebuild of issue 22 turns those into
+    failing XPASSes, to be moved to plain cases.
+    """
+    import pytest
+
+    unknown = set(wrong) - set(cases(port))
+    if unknown:
+        raise ValueError(f"{port.name}: no such cases: {sorted(unknown)}")
+    return [
+        pytest.param(case, mode, id=f"{case}-{mode.replace(' ', '_')}",
+                     marks=[pytest.mark.xfail(strict=True, reason=f"issue 22: {wrong[case, mode]}")]
+                     if (case, mode) in wrong else [])
+        for case, mode in cases(port)
+    ]
