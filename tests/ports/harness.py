@@ -284,3 +284,73 @@ def parametrized(port: Port, wrong: dict[tuple[str, str], str]) -> list[Any]:
                      if (case, mode) in wrong else [])
         for case, mode in cases(port)
     ]
+
+
+def verdict_tests(port: Port, wrong: dict[tuple[str, str], str]) -> tuple[Any, Any]:
+    """A port file's module-scoped ``run`` fixture and its ``test_verdict``, to bind at module level::
+
+        run, test_verdict = verdict_tests(PORT, WRONG)
+    """
+    import pytest
+
+    @pytest.fixture(scope="module")
+    def run(tmp_path_factory: pytest.TempPathFactory) -> PortRun:
+        return PortRun(port, tmp_path_factory.mktemp(port.name))
+
+    @pytest.mark.parametrize(("case", "mode"), parametrized(port, wrong))
+    def test_verdict(run: PortRun, case: str, mode: str) -> None:
+        outcome = run.judge(case, mode)
+        assert outcome.right, outcome
+
+    return run, test_verdict
+
+
+def hooked_transformer_config(hf_config: Any) -> Any:
+    """transformer-lens's ``HookedTransformerConfig`` for a transformers config, by its own
+    ``convert_hf_model_config`` (which reads a config folder; the tiny model has no tokenizer)."""
+    import tempfile
+
+    from transformer_lens import HookedTransformerConfig
+    from transformer_lens.loading_from_pretrained import convert_hf_model_config
+
+    with tempfile.TemporaryDirectory() as folder:
+        hf_config.save_pretrained(folder)
+        settings = convert_hf_model_config(folder)
+    settings["tokenizer_name"] = None  # tokens go in directly
+    return HookedTransformerConfig(**settings)
+
+
+def hooked_transformer(config: Any, state: StateDict) -> nn.Module:
+    """A ``HookedTransformer`` holding ``state`` as converted, every weight processing off."""
+    from transformer_lens import HookedTransformer
+
+    model = HookedTransformer(config)
+    model.load_and_process_state_dict(state, fold_ln=False, center_writing_weights=False, center_unembed=False,
+                                      fold_value_biases=False, refactor_factored_attn_matrices=False)
+    return model
+
+
+def hooked_exact_gelu(model: nn.Module) -> None:
+    """A HookedTransformer's MLPs with the exact GELU in place of the activation the checkpoint wants."""
+    for block in model.blocks:
+        block.mlp.act_fn = torch.nn.functional.gelu
+
+
+def hooked_norm_eps(eps: float) -> Callable[[nn.Module], None]:
+    """An edit setting every norm of a HookedTransformer to ``eps``."""
+    def edit(model: nn.Module) -> None:
+        for name, module in model.named_modules():
+            if name.endswith(("ln1", "ln2", "ln_final")):
+                module.eps = eps
+
+    return edit
+
+
+def hooked_w_o_transposed(layer: int) -> Callable[[StateDict], None]:
+    """An edit of layer ``layer``'s ``W_O`` used transposed, as a square projection read without its transpose."""
+    def edit(state: StateDict) -> None:
+        key = f"blocks.{layer}.attn.W_O"
+        heads, head_dim, dim = state[key].shape
+        state[key] = state[key].reshape(heads * head_dim, dim).t().reshape(heads, head_dim, dim).contiguous()
+
+    return edit

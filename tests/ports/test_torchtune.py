@@ -12,10 +12,9 @@ from tests.ports.harness import (
     UNMAPPED,
     Bug,
     Port,
-    PortRun,
     StateDict,
-    parametrized,
     swap,
+    verdict_tests,
     wrong_in,
 )
 
@@ -140,12 +139,4 @@ WRONG: dict[tuple[str, str], str] = {
 }
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory: pytest.TempPathFactory) -> PortRun:
-    return PortRun(PORT, tmp_path_factory.mktemp("torchtune"))
-
-
-@pytest.mark.parametrize(("case", "mode"), parametrized(PORT, WRONG))
-def test_verdict(run: PortRun, case: str, mode: str) -> None:
-    outcome = run.judge(case, mode)
-    assert outcome.right, outcome
+run, test_verdict = verdict_tests(PORT, WRONG)

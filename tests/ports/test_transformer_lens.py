@@ -11,8 +11,6 @@ calls of their own (``blocks.0.attn.hook_q``).
 
 from __future__ import annotations
 
-import tempfile
-
 import pytest
 
 from tests.ports.harness import (
@@ -20,10 +18,14 @@ from tests.ports.harness import (
     UNMAPPED,
     Bug,
     Port,
-    PortRun,
     StateDict,
-    parametrized,
+    hooked_exact_gelu,
+    hooked_norm_eps,
+    hooked_transformer,
+    hooked_transformer_config,
+    hooked_w_o_transposed,
     swap,
+    verdict_tests,
     wrong_in,
 )
 
@@ -57,16 +59,9 @@ def reference() -> nn.Module:
 
 
 def tl_config() -> object:
-    from transformer_lens import HookedTransformerConfig
-    from transformer_lens.loading_from_pretrained import convert_hf_model_config
-
-    with tempfile.TemporaryDirectory() as folder:
-        config = gpt2_config()
-        config.architectures = ["GPT2LMHeadModel"]
-        config.save_pretrained(folder)
-        settings = convert_hf_model_config(folder)
-    settings["tokenizer_name"] = None   # the tiny model has no tokenizer: tokens go in directly
-    return HookedTransformerConfig(**settings)
+    config = gpt2_config()
+    config.architectures = ["GPT2LMHeadModel"]
+    return hooked_transformer_config(config)
 
 
 def convert(model: nn.Module) -> StateDict:
@@ -76,30 +71,7 @@ def convert(model: nn.Module) -> StateDict:
 
 
 def port(state: StateDict) -> nn.Module:
-    from transformer_lens import HookedTransformer
-
-    model = HookedTransformer(tl_config())
-    model.load_and_process_state_dict(state, fold_ln=False, center_writing_weights=False, center_unembed=False,
-                                      fold_value_biases=False, refactor_factored_attn_matrices=False)
-    return model
-
-
-def set_act(model: nn.Module) -> None:
-    for block in model.blocks:
-        block.mlp.act_fn = torch.nn.functional.gelu
-
-
-def set_eps(model: nn.Module) -> None:
-    for name, module in model.named_modules():
-        if name.endswith(("ln1", "ln2", "ln_final")):
-            module.eps = 1e-6
-
-
-def c_proj_transposed(state: StateDict) -> None:
-    """Layer 0's attention c_proj used without the Conv1D transpose: W_O built from c_proj.T."""
-    w_o = state["blocks.0.attn.W_O"]
-    heads, head_dim, dim = w_o.shape
-    state["blocks.0.attn.W_O"] = w_o.reshape(heads * head_dim, dim).t().reshape(heads, head_dim, dim).contiguous()
+    return hooked_transformer(tl_config(), state)
 
 
 BUGS = (
@@ -107,10 +79,11 @@ BUGS = (
         edit_state=lambda s: [swap(s, f"blocks.1.attn.{a}", f"blocks.1.attn.{b}")
                               for a, b in (("W_Q", "W_K"), ("b_Q", "b_K"))]),
     Bug("gelu-for-gelu-new", "act_fn gelu instead of GPT-2's gelu_new (every layer)", "blocks.0.mlp",
-        edit_port=set_act),
-    Bug("ln-eps", "LayerNorm eps 1e-6 instead of 1e-5 (every LayerNorm)", "blocks.0.ln1", edit_port=set_eps),
+        edit_port=hooked_exact_gelu),
+    Bug("ln-eps", "LayerNorm eps 1e-6 instead of 1e-5 (every LayerNorm)", "blocks.0.ln1",
+        edit_port=hooked_norm_eps(1e-6)),
     Bug("c-proj-transposed", "layer 0's attention c_proj (square) used without the Conv1D transpose",
-        "blocks.0.attn", edit_state=c_proj_transposed),
+        "blocks.0.attn", edit_state=hooked_w_o_transposed(0)),
     Bug("mlp-bias-missed", "layer 1's MLP output bias b_out not copied (left at zero)", "blocks.1.mlp",
         edit_state=lambda s: s["blocks.1.mlp.b_out"].zero_()),
 )
@@ -157,15 +130,7 @@ WRONG: dict[tuple[str, str], str] = {
 }
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory: pytest.TempPathFactory) -> PortRun:
-    return PortRun(PORT, tmp_path_factory.mktemp("transformer_lens"))
-
-
-@pytest.mark.parametrize(("case", "mode"), parametrized(PORT, WRONG))
-def test_verdict(run: PortRun, case: str, mode: str) -> None:
-    outcome = run.judge(case, mode)
-    assert outcome.right, outcome
+run, test_verdict = verdict_tests(PORT, WRONG)
 
 
 def test_config_is_transformer_lens_own() -> None:

@@ -9,8 +9,6 @@ project's conversion, with B's hook points as module calls.
 
 from __future__ import annotations
 
-import tempfile
-
 import pytest
 
 from tests.ports.harness import (
@@ -18,10 +16,14 @@ from tests.ports.harness import (
     UNMAPPED,
     Bug,
     Port,
-    PortRun,
     StateDict,
-    parametrized,
+    hooked_exact_gelu,
+    hooked_norm_eps,
+    hooked_transformer,
+    hooked_transformer_config,
+    hooked_w_o_transposed,
     swap,
+    verdict_tests,
     wrong_in,
 )
 
@@ -55,14 +57,7 @@ def reference() -> nn.Module:
 
 
 def tl_config() -> object:
-    from transformer_lens import HookedTransformerConfig
-    from transformer_lens.loading_from_pretrained import convert_hf_model_config
-
-    with tempfile.TemporaryDirectory() as folder:
-        llama_config().save_pretrained(folder)
-        settings = convert_hf_model_config(folder)
-    settings["tokenizer_name"] = None   # the tiny model has no tokenizer: tokens go in directly
-    return HookedTransformerConfig(**settings)
+    return hooked_transformer_config(llama_config())
 
 
 def convert(model: nn.Module) -> StateDict:
@@ -72,33 +67,11 @@ def convert(model: nn.Module) -> StateDict:
 
 
 def port(state: StateDict) -> nn.Module:
-    from transformer_lens import HookedTransformer
-
-    model = HookedTransformer(tl_config())
-    model.load_and_process_state_dict(state, fold_ln=False, center_writing_weights=False, center_unembed=False,
-                                      fold_value_biases=False, refactor_factored_attn_matrices=False)
-    return model
+    return hooked_transformer(tl_config(), state)
 
 
 def adjacent_pairs(model: nn.Module) -> None:
     model.cfg.rotary_adjacent_pairs = True   # GPT-J's interleaved pairs instead of Llama's halves
-
-
-def set_act(model: nn.Module) -> None:
-    for block in model.blocks:
-        block.mlp.act_fn = torch.nn.functional.gelu
-
-
-def set_eps(model: nn.Module) -> None:
-    for name, module in model.named_modules():
-        if name.endswith(("ln1", "ln2", "ln_final")):
-            module.eps = 1e-5
-
-
-def o_transposed(state: StateDict) -> None:
-    w_o = state["blocks.1.attn.W_O"]
-    heads, head_dim, dim = w_o.shape
-    state["blocks.1.attn.W_O"] = w_o.reshape(heads * head_dim, dim).t().reshape(heads, head_dim, dim).contiguous()
 
 
 BUGS = (
@@ -106,9 +79,12 @@ BUGS = (
         edit_state=lambda s: swap(s, "blocks.0.attn._W_K", "blocks.0.attn._W_V")),
     Bug("rotary-adjacent-pairs", "rotary_adjacent_pairs on: interleaved pairs instead of halves", "blocks.0.attn",
         edit_port=adjacent_pairs),
-    Bug("gelu-for-silu", "act_fn gelu instead of silu (every layer)", "blocks.0.mlp", edit_port=set_act),
-    Bug("rms-eps", "RMSNorm eps 1e-5 instead of the config's 1e-6 (every norm)", "blocks.0.ln1", edit_port=set_eps),
-    Bug("o-transposed", "layer 1's o_proj (square) transposed into W_O", "blocks.1.attn", edit_state=o_transposed),
+    Bug("gelu-for-silu", "act_fn gelu instead of silu (every layer)", "blocks.0.mlp",
+        edit_port=hooked_exact_gelu),
+    Bug("rms-eps", "RMSNorm eps 1e-5 instead of the config's 1e-6 (every norm)", "blocks.0.ln1",
+        edit_port=hooked_norm_eps(1e-5)),
+    Bug("o-transposed", "layer 1's o_proj (square) transposed into W_O", "blocks.1.attn",
+        edit_state=hooked_w_o_transposed(1)),
 )
 
 HAND_MAP = {
@@ -153,12 +129,4 @@ WRONG: dict[tuple[str, str], str] = {
 }
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory: pytest.TempPathFactory) -> PortRun:
-    return PortRun(PORT, tmp_path_factory.mktemp("transformer_lens_llama"))
-
-
-@pytest.mark.parametrize(("case", "mode"), parametrized(PORT, WRONG))
-def test_verdict(run: PortRun, case: str, mode: str) -> None:
-    outcome = run.judge(case, mode)
-    assert outcome.right, outcome
+run, test_verdict = verdict_tests(PORT, WRONG)

@@ -18,10 +18,9 @@ from tests.ports.harness import (
     UNMAPPED,
     Bug,
     Port,
-    PortRun,
     StateDict,
-    parametrized,
     swap,
+    verdict_tests,
     wrong_in,
 )
 
@@ -182,12 +181,4 @@ MISPAIRED = ("whisper's blocks take (x, xa, mask=), transformers' layers (hidden
 WRONG: dict[tuple[str, str], str] = wrong_in(EVERY, UNMAPPED, MISPAIRED)
 
 
-@pytest.fixture(scope="module")
-def run(tmp_path_factory: pytest.TempPathFactory) -> PortRun:
-    return PortRun(PORT, tmp_path_factory.mktemp("whisper"))
-
-
-@pytest.mark.parametrize(("case", "mode"), parametrized(PORT, WRONG))
-def test_verdict(run: PortRun, case: str, mode: str) -> None:
-    outcome = run.judge(case, mode)
-    assert outcome.right, outcome
+run, test_verdict = verdict_tests(PORT, WRONG)

@@ -73,6 +73,11 @@ def confined(path: Path, root: Path | None) -> Path:
     return resolved
 
 
+def _reason(error: OSError | ValueError) -> str:
+    """An OS error's own words (``No such file or directory``), or the message of any other error."""
+    return error.strerror if isinstance(error, OSError) and error.strerror else str(error)
+
+
 def _open_regular(path: Path, error: type[TracediffError], what: str, missing: str | None = None) -> tuple[int, int]:
     """Open ``path`` without blocking and check it is a regular file; returns ``(fd, size)``."""
     try:
@@ -80,8 +85,7 @@ def _open_regular(path: Path, error: type[TracediffError], what: str, missing: s
     except FileNotFoundError:
         raise error(f"{path}: {missing or what + ' not found'}") from None
     except (OSError, ValueError) as e:
-        reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
-        raise error(f"{path}: cannot open the {what} ({reason})") from None
+        raise error(f"{path}: cannot open the {what} ({_reason(e)})") from None
     try:
         info = os.fstat(fd)
     except OSError as e:
@@ -132,8 +136,7 @@ def map_regular_file(path: Path, *, root: Path | None = None, error: type[Traced
     except MemoryError:
         raise error(f"{resolved}: not enough memory to map the {what}") from None
     except (OSError, ValueError) as e:
-        reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
-        raise error(f"{resolved}: cannot map the {what} ({reason})") from None
+        raise error(f"{resolved}: cannot map the {what} ({_reason(e)})") from None
     finally:
         os.close(fd)
 
