@@ -41,7 +41,6 @@ SlotRules = list[tuple[str, str, str]]
 MapSpec = RenameRules | list[list[str]] | Mapping[str, Any] | str | os.PathLike[str] | None
 """A list of ``(regex, replacement)`` rules, a map object (``{"rename": [...], "slots": [...]}``), or a path to a
 JSON map file."""
-RenameSpec = MapSpec  # the name of 0.2
 
 
 @dataclass(frozen=True)
