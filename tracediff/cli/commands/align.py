@@ -40,7 +40,7 @@ def register(sub: Any) -> None:
     p.add_argument("--next", type=int, default=0, metavar="N",
                    help="centre the table on error source N+1 (0: the first divergence), to step past a benign "
                         "difference; the sources are listed in the report")
-    p.set_defaults(run=run, skip_teardown=True)  # runs no code of the user's: see cli.main._leave
+    p.set_defaults(run=run, skip_teardown=True)  # runs no code of the user's: see cli.process.leave
 
 
 def run(args: argparse.Namespace) -> int:

@@ -26,7 +26,7 @@ def register(sub: Any) -> None:
     add_alignment_options(p)
     p.add_argument("--output", "-o", required=True, metavar="FILE", help="image to write: .png, .svg or .pdf")
     p.add_argument("--title", help="plot title (default: the two model names and the verdict)")
-    p.set_defaults(run=run, skip_teardown=True)  # runs no code of the user's: see cli.main._leave
+    p.set_defaults(run=run, skip_teardown=True)  # runs no code of the user's: see cli.process.leave
 
 
 def run(args: argparse.Namespace) -> int:

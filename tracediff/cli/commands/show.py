@@ -32,7 +32,7 @@ def register(sub: Any) -> None:
     p.add_argument("--path", metavar="GLOB", help="only calls whose module path matches GLOB (and their subtrees)")
     p.add_argument("--depth", type=_depth, metavar="N", help="levels shown below the root (or below each match)")
     add_output_options(p, ["table", "json", "csv"])
-    p.set_defaults(run=run, skip_teardown=True)  # runs no code of the user's: see cli.main._leave
+    p.set_defaults(run=run, skip_teardown=True)  # runs no code of the user's: see cli.process.leave
 
 
 def _depth(text: str) -> int:

@@ -34,7 +34,7 @@ def register(sub: Any) -> None:
     p.add_argument("--rtol", type=float, default=0.0, metavar="F",
                    help="relative tolerance on tensor statistics, relative to RUN_A (default: 0, exact)")
     add_output_options(p, ["table", "json", "csv"])
-    p.set_defaults(run=run, skip_teardown=True)  # runs no code of the user's: see cli.main._leave
+    p.set_defaults(run=run, skip_teardown=True)  # runs no code of the user's: see cli.process.leave
 
 
 def run(args: argparse.Namespace) -> int:
