@@ -93,6 +93,16 @@ class PayloadLayout:
     nbytes: int
 
 
+def payload_header(code: str, shape: list[int] | tuple[int, ...], nbytes: int) -> bytes:
+    """The bytes before a payload's data: the 8-byte little-endian header length, then the JSON header of one
+    tensor under ``data`` (dtype ``code``, ``shape``, ``nbytes`` of data), padded with spaces to 8 bytes, as
+    ``safetensors.torch.save_file`` writes it."""
+    header = json.dumps({PAYLOAD_KEY: {"dtype": code, "shape": list(shape), "data_offsets": [0, nbytes]}},
+                        separators=(",", ":")).encode()
+    header += b" " * (-len(header) % 8)
+    return len(header).to_bytes(8, "little") + header
+
+
 def payload_layouts(head: bytes, file_size: int) -> dict[str, PayloadLayout]:
     """The tensors of a safetensors file, from its first ``min(file_size, 8 + PAYLOAD_HEADER_LIMIT)`` bytes.
 

@@ -131,13 +131,7 @@ class Encoder:
 
     def _unique_file_name(self, name: str) -> str:
         """``{name}.safetensors`` made file-safe; ``{name}~{k}`` when two names sanitize alike."""
-        stem = base = fmt.payload_stem(name)
-        k = 0
-        while stem in self._file_stems:
-            k += 1
-            stem = f"{base}~{k}"
-        self._file_stems.add(stem)
-        return fmt.payload_file_name(stem)
+        return fmt.payload_file_name(fmt.unique_payload_stem(name, self._file_stems))
 
     def _describe(self, tensor: torch.Tensor, name: str) -> dict[str, Any]:
         dtype = tensor.dtype

@@ -22,7 +22,7 @@ from .shapes import squeezable
 def compare_payloads(
     trace_a: Trace, ra: TensorRecord, trace_b: Trace, rb: TensorRecord, *, atol: float, rtol: float
 ) -> Measurement:
-    """The metric fields of a row whose two tensors both have payloads (read one pair at a time)."""
+    """The measurement of a pair whose two tensors both have payloads (read one pair at a time)."""
     same = identical_pair(trace_a, ra, trace_b, rb)  # bitwise-equal files: no decoding
     if same is not None:
         return measured(same, approximate=False, note=dtype_note(ra, rb))

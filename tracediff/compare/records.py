@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 from functools import lru_cache
-from typing import TYPE_CHECKING
 
 from ..format import MOMENT_STAT_KEYS
 from ..trace.load import Trace
@@ -18,11 +17,7 @@ from .measurement import Measurement, unmeasured
 from .rule import passes
 from .shapes import squeezable, squeeze_note
 
-if TYPE_CHECKING:
-    pass
-
 _STAT_KEYS = MOMENT_STAT_KEYS  # the statistics compared with a tolerance when a payload is missing
-NAN = math.nan
 _ALL_STATS = frozenset(_STAT_KEYS)
 _COUNT_STATS = frozenset(("nan", "posinf", "neginf"))
 

@@ -10,13 +10,12 @@ bytes are identical to what ``save_file`` writes.
 from __future__ import annotations
 
 import functools
-import json
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..errors import PayloadError, PayloadFormatError
-from ..format import PAYLOAD_KEY, payload_key_problem
+from ..format import PAYLOAD_DTYPES, PAYLOAD_KEY, payload_header, payload_key_problem
 from .atomic import replace_with
 
 if TYPE_CHECKING:
@@ -25,34 +24,10 @@ if TYPE_CHECKING:
 
 @functools.lru_cache(maxsize=1)
 def _dtype_codes() -> dict[torch.dtype, str]:
-    """safetensors' dtype codes by torch dtype (built on first use: torch is imported lazily)."""
+    """safetensors' dtype codes by torch dtype, from the trace format's table (torch is imported lazily)."""
     import torch
 
-    codes = {
-        torch.float64: "F64",
-        torch.float32: "F32",
-        torch.float16: "F16",
-        torch.bfloat16: "BF16",
-        torch.int64: "I64",
-        torch.int32: "I32",
-        torch.int16: "I16",
-        torch.int8: "I8",
-        torch.uint8: "U8",
-        torch.bool: "BOOL",
-        torch.complex64: "C64",
-    }
-    for name, code in [
-        ("float8_e4m3fn", "F8_E4M3"),
-        ("float8_e5m2", "F8_E5M2"),
-        ("float8_e4m3fnuz", "F8_E4M3FNUZ"),
-        ("float8_e5m2fnuz", "F8_E5M2FNUZ"),
-        ("uint16", "U16"),
-        ("uint32", "U32"),
-        ("uint64", "U64"),
-    ]:
-        if hasattr(torch, name):
-            codes[getattr(torch, name)] = code
-    return codes
+    return {getattr(torch, name): code for code, (name, _) in PAYLOAD_DTYPES.items() if hasattr(torch, name)}
 
 
 def tensor_bytes(tensor: torch.Tensor) -> memoryview:
@@ -85,12 +60,7 @@ def write_tensor_file(path: str | os.PathLike[str], tensor: torch.Tensor) -> int
     if code is None:
         raise PayloadError(f"{path}: dtype {tensor.dtype} cannot be stored in safetensors")
     data = tensor_bytes(tensor)
-    header = json.dumps(
-        {PAYLOAD_KEY: {"dtype": code, "shape": list(tensor.shape), "data_offsets": [0, data.nbytes]}},
-        separators=(",", ":"),
-    ).encode()
-    header += b" " * (-len(header) % 8)
-    replace_with(Path(path), [len(header).to_bytes(8, "little") + header, data], what="payload")
+    replace_with(Path(path), [payload_header(code, tuple(tensor.shape), data.nbytes), data], what="payload")
     return data.nbytes
 
 

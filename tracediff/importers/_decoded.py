@@ -19,7 +19,6 @@ from ._files import (
     NPY_CODES,
     NPZ_LIMIT,
     PT_LIMIT,
-    SAFETENSORS_DTYPES,
     Tensor,
     first_line,
     open_file,
@@ -139,7 +138,7 @@ def from_numpy(path: Path, key: tuple[str, ...], array: np.ndarray) -> Tensor:
 
 def _from_torch(path: Path, key: tuple[str, ...], tensor: torch.Tensor) -> Tensor:
     name = str(tensor.dtype).removeprefix("torch.")
-    code = next((c for c, (n, _) in SAFETENSORS_DTYPES.items() if n == name), None)
+    code = next((c for c, (n, _) in fmt.PAYLOAD_DTYPES.items() if n == name), None)
     if code is None:
         raise DumpFormatError(f"{path}: {'/'.join(key) or 'the tensor'} has dtype {tensor.dtype}, which cannot "
                               "be stored in a trace")

@@ -38,13 +38,6 @@ SAFETENSORS_HEADER_LIMIT = 100 * MiB
 PT_LIMIT = 64 * GiB
 NPZ_LIMIT = 64 * GiB
 
-#: safetensors dtype codes -> (torch dtype name, item size).
-SAFETENSORS_DTYPES = {
-    "F64": ("float64", 8), "F32": ("float32", 4), "F16": ("float16", 2), "BF16": ("bfloat16", 2),
-    "I64": ("int64", 8), "I32": ("int32", 4), "I16": ("int16", 2), "I8": ("int8", 1), "U8": ("uint8", 1),
-    "BOOL": ("bool", 1), "U16": ("uint16", 2), "U32": ("uint32", 4), "U64": ("uint64", 8),
-    "F8_E4M3": ("float8_e4m3fn", 1), "F8_E5M2": ("float8_e5m2", 1), "C64": ("complex64", 8),
-}
 #: numpy's little-endian (or byte-order-free) dtype strings -> safetensors codes.
 NPY_CODES = {"<f8": "F64", "<f4": "F32", "<f2": "F16", "<i8": "I64", "<i4": "I32", "<i2": "I16", "|i1": "I8",
              "|u1": "U8", "|b1": "BOOL", "<u2": "U16", "<u4": "U32", "<u8": "U64", "<c8": "C64"}
@@ -136,7 +129,7 @@ def read_npy(path: Path, root: Path) -> list[Tensor]:
         text = _pread(fd, length, 8 + width, path, ".npy header")
         descr, fortran, shape = _npy_header(text, path)
         code = NPY_CODES.get(descr)
-        itemsize = SAFETENSORS_DTYPES[code][1] if code else 0
+        itemsize = fmt.PAYLOAD_DTYPES[code][1] if code else 0
         nbytes = math.prod(shape) * itemsize
         if code is not None and not fortran and size != start + nbytes:
             raise DumpFormatError(f"{path}: holds {size - start:,} bytes of data; shape {list(shape)} of {descr} "
@@ -144,7 +137,7 @@ def read_npy(path: Path, root: Path) -> list[Tensor]:
     finally:
         os.close(fd)
     if code is not None and not fortran:
-        return [Tensor(path, (), SAFETENSORS_DTYPES[code][0], shape, code, offset=start, nbytes=nbytes)]
+        return [Tensor(path, (), fmt.PAYLOAD_DTYPES[code][0], shape, code, offset=start, nbytes=nbytes)]
     from ._decoded import from_numpy, load_npy  # big-endian or Fortran order: through numpy
 
     return [from_numpy(path, (), load_npy(path, root, descr))]
@@ -183,11 +176,11 @@ def read_safetensors(path: Path, root: Path) -> list[Tensor]:
         if key == "__metadata__":
             continue
         code, shape, span = _safetensors_entry(path, key, entry)
-        nbytes = math.prod(shape) * SAFETENSORS_DTYPES[code][1]
+        nbytes = math.prod(shape) * fmt.PAYLOAD_DTYPES[code][1]
         if span[1] - span[0] != nbytes or span[1] > size - 8 - length:
             raise DumpFormatError(f"{path}: tensor {key!r} spans bytes {span[0]:,} to {span[1]:,} of "
                                   f"{size - 8 - length:,}; its shape {list(shape)} needs {nbytes:,}")
-        tensors.append(Tensor(path, (key,), SAFETENSORS_DTYPES[code][0], shape, code, offset=8 + length + span[0],
+        tensors.append(Tensor(path, (key,), fmt.PAYLOAD_DTYPES[code][0], shape, code, offset=8 + length + span[0],
                               nbytes=nbytes))
     tensors.sort(key=lambda t: t.offset or 0)
     return tensors
@@ -197,9 +190,9 @@ def _safetensors_entry(path: Path, key: str, entry: Any) -> tuple[str, tuple[int
     if not isinstance(entry, dict):
         raise DumpFormatError(f"{path}: header entry {key!r} is not an object")
     code, shape, span = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
-    if code not in SAFETENSORS_DTYPES:
+    if code not in fmt.PAYLOAD_DTYPES:
         raise DumpFormatError(f"{path}: tensor {key!r} has dtype {code!r}, not one tracediff reads "
-                              f"({', '.join(SAFETENSORS_DTYPES)})")
+                              f"({', '.join(fmt.PAYLOAD_DTYPES)})")
     if not (isinstance(shape, list) and len(shape) <= 64 and isinstance(span, list) and len(span) == 2
             and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in [*shape, *span])
             and span[0] <= span[1]):

@@ -10,7 +10,6 @@ import runs at about the speed of a plain copy.
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import os
 import secrets
 import shutil
@@ -62,16 +61,14 @@ class TraceWriter:
         return fmt.tensor_entry(f"torch.Size({list(shape)})", dtype_repr, value, stats=dict(stats), device="cpu")
 
     def _copy(self, tensor: Tensor, target: Path) -> int:
-        header = json.dumps({fmt.PAYLOAD_KEY: {"dtype": tensor.code, "shape": list(tensor.shape),
-                                                "data_offsets": [0, tensor.nbytes]}}, separators=(",", ":")).encode()
-        header += b" " * (-len(header) % 8)
+        header = fmt.payload_header(tensor.code, tensor.shape, tensor.nbytes)
         source, size = open_regular(tensor.path, root=self.root, error=DumpFormatError, what="tensor file")
         try:
             if tensor.offset is None or tensor.offset + tensor.nbytes > size:
                 raise DumpFormatError(f"{tensor.path}: shorter than its header says (changed while importing?)")
             out = os.open(target, _NEW, 0o666)
             try:
-                os.write(out, len(header).to_bytes(8, "little") + header)
+                os.write(out, header)
                 copy_range(source, out, tensor.offset, tensor.nbytes, tensor.path)
             finally:
                 os.close(out)

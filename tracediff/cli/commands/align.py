@@ -56,7 +56,6 @@ def run(args: argparse.Namespace) -> int:
 
 def _report(result: Any, args: argparse.Namespace) -> int:
     from ...files.atomic import write_json
-    from ..process import paused_gc
 
     if args.suggest_map:
         from ...render.matching import suggested_map
@@ -69,9 +68,7 @@ def _report(result: Any, args: argparse.Namespace) -> int:
         elif args.format == "table":  # other formats keep stdout for the report alone
             layout = f" and {len(suggestion['layout'])} layout pairings" if "layout" in suggestion else ""
             print(f"wrote {len(result.suggested_rename)} rename rules{layout} to {args.suggest_map}")
-    with paused_gc():  # a row per tensor is rendered: nothing here is garbage worth scanning for
-        text = _render(result, args)
-    emit(text, args.output)
+    emit(_render(result, args), args.output)
     return 0 if result.passed else 1
 
 
