@@ -124,15 +124,11 @@ def _bits(values: np.ndarray) -> np.ndarray:
         else values.view(np.uint8)
 
 
-def _identical(n: int) -> PairMetrics:
+def identical_metrics(n: int) -> PairMetrics:
+    """The metrics of two identical tensors of ``n`` elements (every error 0, cosine 1)."""
     return PairMetrics(numel=n, identical=True, max_abs_err=0.0, max_rel_err=0.0, mean_abs_err=0.0, rms_err=0.0,
                        cosine=1.0, nan_mismatch=0, inf_mismatch=0, mismatched=0, mismatch_fraction=0.0,
                        required_atol=0.0, required_rtol=0.0)
-
-
-def identical_metrics(n: int) -> PairMetrics:
-    """The metrics of two identical tensors of ``n`` elements (every error 0, cosine 1)."""
-    return _identical(n)
 
 
 def compare_tensors(a: Any, b: Any, *, atol: float, rtol: float) -> PairMetrics:
@@ -149,7 +145,7 @@ def compare_tensors(a: Any, b: Any, *, atol: float, rtol: float) -> PairMetrics:
         raise ValueError(f"shapes differ: {a.shape} vs {b.shape}")
     n = a.size
     if _probably_equal(a, b) and bitwise_equal(a, b):
-        return _identical(n)
+        return identical_metrics(n)
     work = np.float64 if "float64" in (a.dtype, b.dtype) else np.float32
     fa, fb = a.values.reshape(-1), b.values.reshape(-1)
     acc = _Accumulator(atol, rtol)
