@@ -33,7 +33,8 @@ from ...maps.suggest import suggest_rules
 from ...trace.load import Trace
 from ...trace.model import Node
 from .slots import pair_tensors
-from .structure import structural_pairs
+from .evidence import Values
+from .tree import TreePairing
 from .unrecorded import all_unrecorded, find_unrecorded, inside
 
 MATCH_MODES = ("auto", "name", "structure")
@@ -50,6 +51,7 @@ class Matching:
     unmatched_b: tuple[Node, ...]
     structural: bool
     methods: tuple[str, ...] = ()  # per pair: "name", "map" or "structure"
+    evidence: tuple[str, ...] = ()  # per pair: "map", "value", "name" or "shape" (the ``pairing`` of its rows)
     gaps_a: dict[str, tuple[str, ...]] = field(default_factory=dict)  # see unrecorded.find_unrecorded
     gaps_b: dict[str, tuple[str, ...]] = field(default_factory=dict)
     # every call of each trace (``Trace.nodes()``), listed once for all the steps of an alignment
@@ -70,11 +72,9 @@ def match_nodes(a: Trace, b: Trace, rename: RenameRules, match: str = "auto") ->
     gaps_b = gaps_a if b is a else find_unrecorded(nodes_b)
     pairs: list[tuple[Node, Node]] = []
     methods: list[str] = []
-    if match == "structure":
-        roots = list(zip(a.roots, b.roots))[:1]
-        pairs += roots
-        methods += ["name"] * len(roots)
-    else:
+    evidence: list[str] = []
+    idle: set[int] = set()  # calls that compute nothing: never paired, never unmatched
+    if match == "name":
         by_key = {(node.phase, node.relative_path, node.call_index): node for node in nodes_b}  # Node.key
         for node in nodes_a:
             renamed = apply_rename(node.relative_path, rename) if rename else node.relative_path
@@ -82,37 +82,31 @@ def match_nodes(a: Trace, b: Trace, rename: RenameRules, match: str = "auto") ->
             if other is not None:
                 pairs.append((node, other))
                 methods.append("name" if renamed == node.relative_path else "map")
-    named = sum(1 for x, _ in pairs if x.relative_path)
+        evidence = list(methods)
+    else:
+        tree = TreePairing(Values(a, b), list(rename), use_names=match != "structure")
+        tree.run([r for r in a.roots if r.phase == "forward"], [r for r in b.roots if r.phase == "forward"])
+        pairs, evidence = tree.pairs, tree.evidence
+        methods = [how if how in ("name", "map") else "structure" for how in evidence]
+        idle = tree.idle()
+    named = sum(1 for (x, _), m in zip(pairs, methods) if x.relative_path and m in ("name", "map"))
     # calls lying in blocks the other side did not record have no partner to find
     hidden_b = [_relative(p) for p in all_unrecorded(gaps_b)]
     hidden_a = [apply_rename(_relative(p), rename) for p in all_unrecorded(gaps_a)]
 
     def explained_a(n: Node) -> bool:
-        return inside(apply_rename(n.relative_path, rename), hidden_b)
+        return id(n) in idle or inside(apply_rename(n.relative_path, rename), hidden_b)
 
     def explained_b(n: Node) -> bool:
-        return inside(n.relative_path, hidden_a)
+        return id(n) in idle or inside(n.relative_path, hidden_a)
 
     # each call pairs at most once: as many pairs as calls on both sides means nothing is left to look for
     complete = len(pairs) == len(nodes_a) == len(nodes_b)
     paired_a = set() if complete else {id(x) for x, _ in pairs}  # kept up to date below
     paired_b = set() if complete else {id(y) for _, y in pairs}
     if match != "name" and not complete:
-        rest_a = [n for n in nodes_a if id(n) not in paired_a and n.phase == "forward" and not explained_a(n)]
-        rest_b = [n for n in nodes_b if id(n) not in paired_b and n.phase == "forward" and not explained_b(n)]
-        for _ in range(8) if rest_a and rest_b else ():  # each round may pair parents, which scopes their children
-            found = _scoped_structural_pairs(rest_a, rest_b, pairs)
-            if not found:
-                break
-            pairs += found
-            methods += ["structure"] * len(found)
-            done_a, done_b = {id(x) for x, _ in found}, {id(y) for _, y in found}
-            paired_a |= done_a
-            paired_b |= done_b
-            rest_a = [n for n in rest_a if id(n) not in done_a]
-            rest_b = [n for n in rest_b if id(n) not in done_b]
         if a.backward and b.backward:
-            _with_backward(pairs, methods, nodes_a, nodes_b, paired_a, paired_b)
+            _with_backward(pairs, methods, evidence, nodes_a, nodes_b, paired_a, paired_b)
     structural = match == "structure" or (named == 0 and any(m == "structure" for m in methods))
     in_b = [(y.phase != "forward", y.enter_order) for _, y in pairs]  # forward calls first, in B's call order
     order = sorted(range(len(pairs)), key=in_b.__getitem__)
@@ -122,44 +116,9 @@ def match_nodes(a: Trace, b: Trace, rename: RenameRules, match: str = "auto") ->
         unmatched_b=() if complete else tuple(n for n in nodes_b if id(n) not in paired_b and not explained_b(n)),
         structural=structural,
         methods=tuple(methods[i] for i in order),
+        evidence=tuple(evidence[i] for i in order),
         gaps_a=gaps_a, gaps_b=gaps_b, nodes_a=nodes_a, nodes_b=nodes_b,
     )
-
-
-def _scoped_structural_pairs(rest_a: list[Node], rest_b: list[Node], pairs: list[tuple[Node, Node]]
-                             ) -> list[tuple[Node, Node]]:
-    """Structural pairs among calls under the same paired ancestors, never across two paired parents.
-
-    Each unpaired call belongs to its nearest paired ancestor; calls are
-    aligned only with calls whose nearest paired ancestor is the partner of
-    theirs (a fused ``qkv`` inside a paired attention cannot pair with a
-    ``gate_proj`` inside the paired MLP).
-    """
-    partner_of_a = {id(x): y for x, y in pairs}
-    partner_of_b = {id(y): x for x, y in pairs}
-
-    def scope(node: Node, partners: dict[int, Node], on_a: bool) -> tuple[int, int]:
-        parent = node.parent
-        while parent is not None and id(parent) not in partners:
-            parent = parent.parent
-        if parent is None:
-            return (0, 0)
-        other = partners[id(parent)]
-        return (id(parent), id(other)) if on_a else (id(other), id(parent))
-
-    groups_a: dict[tuple[int, int], list[Node]] = {}
-    groups_b: dict[tuple[int, int], list[Node]] = {}
-    for node in rest_a:
-        groups_a.setdefault(scope(node, partner_of_a, True), []).append(node)
-    for node in rest_b:
-        groups_b.setdefault(scope(node, partner_of_b, False), []).append(node)
-    found: list[tuple[Node, Node]] = []
-    for key, group in groups_a.items():
-        found += structural_pairs(group, groups_b.get(key, []))
-    partner = {**partner_of_a, **{id(x): y for x, y in found}}
-    return [(x, y) for x, y in found
-            if x.parent is None or y.parent is None or id(x.parent) not in partner
-            or partner[id(x.parent)] is y.parent]
 
 
 def _relative(full_path: str) -> str:
@@ -167,12 +126,13 @@ def _relative(full_path: str) -> str:
     return full_path.split(".", 1)[1] if "." in full_path else ""
 
 
-def _with_backward(pairs: list[tuple[Node, Node]], methods: list[str], nodes_a: list[Node], nodes_b: list[Node],
-                   paired_a: set[int], paired_b: set[int]) -> None:
-    """Backward calls of structurally paired modules pair like their forward calls (added to ``pairs``,
-    ``methods`` and the ids of the paired calls on each side)."""
-    path_of = {(x.relative_path, x.call_index): (y.relative_path, y.call_index)
-               for (x, y), m in zip(pairs, methods) if m == "structure"}
+def _with_backward(pairs: list[tuple[Node, Node]], methods: list[str], evidence: list[str], nodes_a: list[Node],
+                   nodes_b: list[Node], paired_a: set[int], paired_b: set[int]) -> None:
+    """Backward calls pair like their forward calls (added to ``pairs``, ``methods``, ``evidence`` and the ids
+    of the paired calls on each side)."""
+    how = {(x.relative_path, x.call_index): (m, e) for (x, _), m, e in zip(pairs, methods, evidence)}
+    path_of = {(x.relative_path, x.call_index): (y.relative_path, y.call_index) for x, y in pairs
+               if x.phase == "forward"}
     by_key = {(n.relative_path, n.call_index): n for n in nodes_b if n.phase == "backward" and id(n) not in paired_b}
     for node in nodes_a:
         if node.phase != "backward" or id(node) in paired_a:
@@ -180,7 +140,9 @@ def _with_backward(pairs: list[tuple[Node, Node]], methods: list[str], nodes_a: 
         other = by_key.pop(path_of.get((node.relative_path, node.call_index), ("", -1)), None)
         if other is not None:
             pairs.append((node, other))
-            methods.append("structure")
+            method, found = how.get((node.relative_path, node.call_index), ("structure", "shape"))
+            methods.append(method)
+            evidence.append(found)
             paired_a.add(id(node))
             paired_b.add(id(other))
 

@@ -20,6 +20,7 @@ from ...trace.load import Trace
 from ...trace.model import Node, TensorRecord
 from ..result import Job, TensorComparison, Unmatched, fill
 from .calls import Matching, match_nodes
+from .evidence import Values
 from .layout import Transform, compare_transformed, find_fused, find_relayout
 from .slots import pair_tensors
 from .unrecorded import all_unrecorded
@@ -80,9 +81,10 @@ def plan_pairs(trace_a: Trace, trace_b: Trace, rules: RenameRules, *, match: str
                slots: SlotRules | None = None) -> Plan:
     """Match calls, pair their tensors and relate layouts (see the module docstring)."""
     matching = match_nodes(trace_a, trace_b, rules, match)
+    values = Values(trace_a, trace_b)
     plan = Plan(matching=matching)
     for (node_a, node_b), method in zip(matching.pairs, matching.methods):
-        pairs, only_a, only_b = pair_tensors(node_a, node_b, slots)
+        pairs, only_a, only_b = pair_tensors(node_a, node_b, slots, values)
         for ra, rb in pairs:
             transform = _relayout(trace_a, ra, trace_b, rb)
             if transform is not None or method != "name":  # rows say "name" unless told otherwise

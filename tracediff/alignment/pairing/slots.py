@@ -22,10 +22,16 @@ as unpaired.
 
 from __future__ import annotations
 
+import math
+
 from ...compare.shapes import squeezed
 from ...maps.rules import SlotRules
 from ...maps.safety import compiled
 from ...trace.model import Node, TensorRecord
+from .evidence import Values
+
+# the similarity (see tracediff.alignment.pairing.evidence) at which two left-over tensors pair by value
+_SAME_VALUES = 0.75
 
 TensorPairs = list[tuple[TensorRecord, TensorRecord]]
 
@@ -42,7 +48,7 @@ def _renamed_slot(slot: str, node_a: Node, node_b: Node, rules: SlotRules) -> st
     return slot
 
 
-def pair_tensors(node_a: Node, node_b: Node, slots: SlotRules | None = None
+def pair_tensors(node_a: Node, node_b: Node, slots: SlotRules | None = None, values: Values | None = None
                  ) -> tuple[TensorPairs, list[TensorRecord], list[TensorRecord]]:
     """Pair the tensors of two matched calls; returns (pairs, only in A, only in B). See the module docstring."""
     by_slot_b = {t.slot: t for t in node_b.tensors}
@@ -53,16 +59,22 @@ def pair_tensors(node_a: Node, node_b: Node, slots: SlotRules | None = None
         if not renamed:  # a slot rule to "" (or null): never compared, never unmatched, on either side
             by_slot_b.pop(t.slot, None)
             continue
-        other = by_slot_b.pop(renamed, None)
-        if other is not None:
-            pairs.append((t, other))
+        other = by_slot_b.get(renamed)
+        # the same slot name holds another argument when the sizes differ (whisper's ``xa`` and transformers'
+        # ``attention_mask`` are both ``args.1``); a slot rule is the user's word
+        if other is not None and (renamed != t.slot or _related(t, other, values)):
+            pairs.append((t, by_slot_b.pop(renamed)))
         else:
             left_a.append(t)
     left_b = list(by_slot_b.values())
     for head in ("inputs", "outputs", "grad_outputs", "grad_inputs") if left_a and left_b else ():
         spare_a = [t for t in left_a if t.slot.split(".")[0] == head]
         spare_b = [t for t in left_b if t.slot.split(".")[0] == head]
-        for ta, tb in _in_order_by_shape(spare_a, spare_b):
+        found = _by_value(spare_a, spare_b, values) if values is not None else []
+        taken_a, taken_b = {id(x) for x, _ in found}, {id(y) for _, y in found}
+        found += _in_order_by_shape([t for t in spare_a if id(t) not in taken_a],
+                                    [t for t in spare_b if id(t) not in taken_b])
+        for ta, tb in found:
             pairs.append((ta, tb))
             left_a.remove(ta)
             left_b.remove(tb)
@@ -70,6 +82,40 @@ def pair_tensors(node_a: Node, node_b: Node, slots: SlotRules | None = None
         left_a = [t for t in left_a if not t.slot.startswith("outputs")]
         left_b = [t for t in left_b if not t.slot.startswith("outputs")]
     return pairs, left_a, left_b
+
+
+def _related(x: TensorRecord, y: TensorRecord, values: Values | None) -> bool:
+    """Can two tensors under one slot name be the same argument? Not when their sizes differ, nor when they
+    hold integers (ids, positions, masks) that differ: integers carry no rounding noise, and a bug upstream
+    does not change them (transformer-lens's ``pos_embed`` takes the tokens, GPT-2's ``wpe`` the positions)."""
+    if x.shape is None or y.shape is None:
+        return True
+    if math.prod(x.shape) != math.prod(y.shape):
+        return False
+    if values is not None and _integers(x) and _integers(y):
+        return values.similarity(x, y) == 1.0
+    return True
+
+
+def _integers(record: TensorRecord) -> bool:
+    return "int" in (record.dtype or "") or record.dtype in ("torch.bool", "bool")
+
+
+def _by_value(spare_a: list[TensorRecord], spare_b: list[TensorRecord], values: Values) -> TensorPairs:
+    """Pairs whose values agree (statistics), the closest first; each tensor at most once."""
+    scored = sorted(((values.similarity(x, y), i, j) for i, x in enumerate(spare_a) for j, y in enumerate(spare_b)),
+                    key=lambda item: (-item[0], item[1], item[2]))
+    out: TensorPairs = []
+    used_a: set[int] = set()
+    used_b: set[int] = set()
+    for score, i, j in scored:
+        if score < _SAME_VALUES:
+            break
+        if i not in used_a and j not in used_b:
+            used_a.add(i)
+            used_b.add(j)
+            out.append((spare_a[i], spare_b[j]))
+    return out
 
 
 def _in_order_by_shape(spare_a: list[TensorRecord], spare_b: list[TensorRecord]) -> TensorPairs:

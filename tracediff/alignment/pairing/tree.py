@@ -1,0 +1,307 @@
+"""Pairing the calls of two traces top down: children only inside paired parents, values first.
+
+The roots pair. Inside a pair of calls, the children of each side are lined up in call order and paired
+by the strongest evidence each pair has (:mod:`tracediff.alignment.pairing.evidence`):
+
+1. **map**: the user's rename rules turn A's path into B's;
+2. **value**: the main outputs hold the same values (statistics agree, whatever the layout), with
+   shapes that agree in size;
+3. **name**: the same local name (``attn`` and ``attn``, ``decoder`` and ``model.decoder``);
+4. **shape**: for two calls that call nothing themselves, inputs and outputs of the same sizes, in order.
+
+A call that computes nothing (its one output equals its one input: ``Identity``, ``Dropout`` in eval,
+hook points) takes no part. A call left unpaired that has children is a wrapper one side has and the
+other has not (``model`` in ``LlamaForCausalLM``, a ``Sequential`` MLP): its children take its place in
+the line-up, and the line-up is done again.
+
+**Repeated structures** (``layers.0``, ``layers.1``, ...) pair as a whole, instance ``N`` with instance
+``N``; inside them, one line-up is decided for every instance at once, from the evidence of all of them,
+so a bug in one layer cannot change how that layer pairs, and no call pairs across instances.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from ...maps.rules import RenameRules, apply_rename
+from ...trace.model import Node
+from .evidence import Values, is_transparent, main_output, name_similarity, numel
+
+_NUMBERED = re.compile(r"^(.*)\.(\d+)$")
+_MAX_ROUNDS = 8
+# below this, a pair is not worth making (the weakest real pair, two same-size leaves, scores 1)
+_MIN_SCORE = 0.5
+
+
+@dataclass(frozen=True)
+class Repeated:
+    """Numbered siblings (``layers.0``, ``layers.1``, ...): one item of a line-up."""
+
+    prefix: str
+    members: tuple[Node, ...]
+
+    @property
+    def numbers(self) -> tuple[int, ...]:
+        return tuple(int(_NUMBERED.match(m.relative_path).group(2)) for m in self.members)  # type: ignore[union-attr]
+
+
+Item = Node | Repeated
+
+
+@dataclass
+class TreePairing:
+    """Pairs calls of A and B top down (see the module docstring); ``pairs`` and ``evidence`` in pairing order."""
+
+    values: Values
+    rules: RenameRules = field(default_factory=list)
+    use_names: bool = True
+    pairs: list[tuple[Node, Node]] = field(default_factory=list)
+    evidence: list[str] = field(default_factory=list)
+    _transparent: dict[int, bool] = field(default_factory=dict)
+    _children: dict[int, list[Node]] = field(default_factory=dict)
+
+    def run(self, roots_a: list[Node], roots_b: list[Node]) -> None:
+        roots = list(zip(roots_a, roots_b))
+        for a, b in roots:
+            self._add(a, b, "name")
+        if roots:
+            self._pair_scope(roots)
+
+    def idle(self) -> set[int]:
+        """``id`` of every call found to compute nothing."""
+        return {key for key, transparent in self._transparent.items() if transparent}
+
+    # --- the calls that compute -------------------------------------------------------------------------
+
+    def _computes(self, node: Node, side: str) -> bool:
+        key = id(node)
+        if key not in self._transparent:
+            self._transparent[key] = node.phase == "forward" and is_transparent(node, self.values, side)
+        return not self._transparent[key]
+
+    def children(self, node: Node, side: str) -> list[Node]:
+        """The children of ``node`` that compute, in call order (forward calls only)."""
+        key = id(node)
+        if key not in self._children:
+            self._children[key] = [c for c in node.children if c.phase == "forward" and self._computes(c, side)]
+        return self._children[key]
+
+    def _items(self, nodes: list[Node], parent: Node) -> list[Item]:
+        """``nodes`` with numbered siblings of ``parent`` gathered into one ``Repeated`` item, at the first's place."""
+        groups: dict[str, list[Node]] = {}
+        for node in nodes:
+            found = _NUMBERED.match(node.relative_path)
+            if found and node.call_index == 0 and node.parent is parent:
+                groups.setdefault(found.group(1), []).append(node)
+        out: list[Item] = []
+        placed: set[str] = set()
+        for node in nodes:
+            found = _NUMBERED.match(node.relative_path)
+            prefix = found.group(1) if found else None
+            if prefix is not None and node.call_index == 0 and _repeats(groups.get(prefix, [])) \
+                    and node.parent is parent:
+                if prefix not in placed:
+                    placed.add(prefix)
+                    out.append(Repeated(prefix, tuple(groups[prefix])))
+                continue
+            out.append(node)
+        return out
+
+    # --- a scope: one pair of calls, or every instance of a repeated structure ---------------------------
+
+    def _pair_scope(self, scope: list[tuple[Node, Node]]) -> None:
+        lines_a = [self._items(self.children(a, "a"), a) for a, _ in scope]
+        lines_b = [self._items(self.children(b, "b"), b) for _, b in scope]
+        if len(scope) > 1 and not (_same_template(lines_a, scope, 0) and _same_template(lines_b, scope, 1)):
+            for pair in scope:  # instances that differ in what they call pair one by one
+                self._pair_scope([pair])
+            return
+        matched, total = self._line_up(lines_a, lines_b)
+        for _ in range(_MAX_ROUNDS):
+            paired_a = {j for j, _, _ in matched}
+            paired_b = {k for _, k, _ in matched}
+            open_a = [j for j, item in enumerate(lines_a[0]) if j not in paired_a and self._wraps(item, "a")]
+            open_b = [k for k, item in enumerate(lines_b[0]) if k not in paired_b and self._wraps(item, "b")]
+            # a wrapper is opened on one side, or both, whichever lines up best (one side first on a tie)
+            options = []
+            for take_a, take_b in ((open_a, []), ([], open_b), (open_a, open_b)):
+                if not (take_a or take_b):
+                    continue
+                new_a = [self._dissolve(line, take_a, "a") for line in lines_a]
+                new_b = [self._dissolve(line, take_b, "b") for line in lines_b]
+                found, score = self._line_up(new_a, new_b)
+                options.append((score, -len(take_a) - len(take_b), new_a, new_b, found))
+            if not options:
+                break
+            score, _, new_a, new_b, found = max(options, key=lambda option: option[:2])
+            if score <= total:
+                break
+            lines_a, lines_b, matched, total = new_a, new_b, found, score
+        for j, k, how in matched:
+            inner: list[tuple[Node, Node]] = []
+            for line_a, line_b in zip(lines_a, lines_b):
+                x, y = line_a[j], line_b[k]
+                if isinstance(x, Repeated) and isinstance(y, Repeated):
+                    inner += _instances(x, y)
+                elif isinstance(x, Node) and isinstance(y, Node):
+                    inner.append((x, y))
+            for x, y in inner:
+                self._add(x, y, how)
+            if inner:
+                self._pair_scope(inner)
+
+    def _add(self, a: Node, b: Node, how: str) -> None:
+        self.pairs.append((a, b))
+        self.evidence.append(how)
+
+    def _wraps(self, item: Item, side: str) -> bool:
+        return isinstance(item, Node) and bool(self.children(item, side))
+
+    def _dissolve(self, line: list[Item], positions: list[int], side: str) -> list[Item]:
+        if not positions:
+            return line
+        out: list[Item] = []
+        for position, item in enumerate(line):
+            if position in positions and isinstance(item, Node):
+                out += self._items(self.children(item, side), item)
+            else:
+                out.append(item)
+        return out
+
+    # --- the line-up -------------------------------------------------------------------------------------
+
+    def _line_up(self, lines_a: list[list[Item]], lines_b: list[list[Item]]
+                 ) -> tuple[list[tuple[int, int, str]], float]:
+        """The order-keeping pairing of the items with the largest total score (instances' evidence pooled),
+        and that score."""
+        n, m = len(lines_a[0]), len(lines_b[0])
+        scores: dict[tuple[int, int], tuple[float, str]] = {}
+        for j in range(n):
+            for k in range(m):
+                found = self._score_items([line[j] for line in lines_a], [line[k] for line in lines_b])
+                if found is not None and found[0] >= _MIN_SCORE:
+                    near = abs(j / max(n, 1) - k / max(m, 1))  # ties go to the nearer position
+                    scores[j, k] = (found[0] - 1e-3 * near, found[1])
+        best = [[0.0] * (m + 1) for _ in range(n + 1)]
+        for j in range(n - 1, -1, -1):
+            for k in range(m - 1, -1, -1):
+                take = scores[j, k][0] + best[j + 1][k + 1] if (j, k) in scores else -1.0
+                best[j][k] = max(take, best[j + 1][k], best[j][k + 1])
+        out: list[tuple[int, int, str]] = []
+        j = k = 0
+        while j < n and k < m:
+            if (j, k) in scores and best[j][k] == scores[j, k][0] + best[j + 1][k + 1]:
+                out.append((j, k, scores[j, k][1]))
+                j, k = j + 1, k + 1
+            elif best[j][k] == best[j + 1][k]:
+                j += 1
+            else:
+                k += 1
+        return out, best[0][0] if n and m else 0.0
+
+    def _score_items(self, xs: list[Item], ys: list[Item]) -> tuple[float, str] | None:
+        found: list[tuple[float, str]] = []
+        for x, y in zip(xs, ys):
+            if isinstance(x, Repeated) != isinstance(y, Repeated):
+                return None
+            if isinstance(x, Repeated) and isinstance(y, Repeated):
+                pairs = _instances(x, y)
+                if not pairs:
+                    return None
+                scored = [self._score(a, b) for a, b in pairs]
+                named = self._names(x.prefix, y.prefix, pairs[0][0])
+                if named is not None and named[1] == "map":
+                    return named
+                kept = [s for s in scored if s is not None]
+                if kept:
+                    score, how = max(kept)
+                    return score + 1.0, how  # a whole structure pairs before any one call
+                if len(x.members) == len(y.members) and self._same_sizes(*pairs[0]):
+                    return 1.0, "shape"  # as many instances, of the same sizes: the structure, whatever its values
+                return None
+            assert isinstance(x, Node) and isinstance(y, Node)
+            one = self._score(x, y)
+            if one is not None:
+                found.append(one)
+        return max(found) if found else None  # evidence seen in any instance counts (a bug hides it in one)
+
+    def _names(self, path_a: str, path_b: str, node_a: Node) -> tuple[float, str] | None:
+        if not self.use_names:
+            return None
+        renamed = apply_rename(path_a, self.rules) if self.rules else path_a
+        if renamed == path_b:
+            return 100.0, "map" if renamed != path_a else "name"
+        return None
+
+    @staticmethod
+    def _same_sizes(x: Node, y: Node) -> bool:
+        return _sizes(x) == _sizes(y)
+
+    def _score(self, x: Node, y: Node) -> tuple[float, str] | None:
+        """How strongly call ``x`` of A and ``y`` of B are the same computation; None when they cannot be."""
+        named = self._names(x.relative_path, y.relative_path, x)
+        if named is not None:
+            return named
+        leaf_x, leaf_y = not self.children(x, "a"), not self.children(y, "b")
+        out_x, out_y = main_output(x), main_output(y)
+        in_x, in_y = x.inputs(), y.inputs()
+        same_out = numel(out_x) == numel(out_y) and out_x is not None
+        same_in = [numel(t) for t in in_x[:1]] == [numel(t) for t in in_y[:1]]
+        out_sim = self.values.similarity(out_x, out_y) if same_out and out_y is not None else 0.0
+        in_sim = self.values.best(in_x, in_y)
+        if out_sim and in_x and in_y and in_sim < 0.4 and not (leaf_x and leaf_y):
+            out_sim = 0.0  # the same result from other inputs: a wrapper reaching the point another call reaches
+        local_x, local_y = _local(x), _local(y)
+        same_name = self.use_names and local_x == local_y
+        names = name_similarity(local_x, local_y) if self.use_names else 0.0
+        same_type = 0.5 if x.module_type and x.module_type == y.module_type else 0.0
+        if leaf_x and leaf_y:
+            if not (same_out and same_in):
+                return None
+            how = "value" if out_sim >= 0.75 else "name" if same_name else "shape"
+            return 1.0 + 3.0 * out_sim + in_sim + same_type + 0.5 * names, how
+        if same_out and same_in and out_sim >= 0.4:
+            return 2.0 + 3.0 * out_sim + in_sim + same_type + names, "value"
+        if same_name and same_in:
+            return 1.5 + in_sim + same_type, "name"
+        return None
+
+
+def _sizes(node: Node) -> tuple[int | None, int | None]:
+    inputs = node.inputs()
+    return numel(inputs[0]) if inputs else None, numel(main_output(node))
+
+
+def _repeats(members: list[Node]) -> bool:
+    """Numbered siblings that are instances of one structure (a ``Sequential`` of different layers is not)."""
+    return len(members) >= 2 and len({m.module_type for m in members}) == 1
+
+
+def _local(node: Node) -> str:
+    """The last component of a call's path that is not a number (``layers.0.self_attn`` -> ``self_attn``)."""
+    parts = [p for p in node.relative_path.split(".") if not p.isdigit()]
+    return parts[-1] if parts else ""
+
+
+def _instances(x: Repeated, y: Repeated) -> list[tuple[Node, Node]]:
+    """Instance N of A with instance N of B (a pruned trace lacks some numbers: those pair with nothing)."""
+    by_number = dict(zip(y.numbers, y.members))
+    return [(a, by_number[n]) for n, a in zip(x.numbers, x.members) if n in by_number]
+
+
+def _shape_of(line: list[Item], parent: Node) -> list[tuple[str, int]]:
+    """A line-up as paths relative to its scope's call, to compare the instances of a repeated structure."""
+    cut = len(parent.relative_path) + 1 if parent.relative_path else 0
+    out = []
+    for item in line:
+        if isinstance(item, Repeated):
+            out.append((item.prefix[cut:] + ".N", len(item.members)))
+        else:
+            out.append((item.relative_path[cut:], item.call_index))
+    return out
+
+
+def _same_template(lines: list[list[Item]], scope: list[tuple[Node, Node]], side: int) -> bool:
+    first = _shape_of(lines[0], scope[0][side])
+    return all(_shape_of(line, pair[side]) == first for line, pair in zip(lines[1:], scope[1:]))
