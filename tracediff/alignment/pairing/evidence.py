@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 _FLOAT_STATS = ("min", "max", "mean", "std", "abs_mean")
 _EXACT_STATS = ("min", "max", "zeros")
 _TOKEN = re.compile(r"[a-z]+|\d+")
+_WORD = re.compile(r"[A-Z]+(?![a-z])|[A-Z]?[a-z]+|\d+")
 # relative distance of the statistics -> similarity; a bf16 port of a 2-layer model stays under 2e-2
 _GRADES = ((1e-3, 1.0), (2e-2, 0.75), (1e-1, 0.4))
 # a call whose one output equals its one input this closely computes nothing (Identity, Dropout in eval,
@@ -174,6 +175,17 @@ def name_similarity(path_a: str, path_b: str) -> float:
     if not tokens_a or not tokens_b:
         return 0.0
     return len(tokens_a & tokens_b) / len(tokens_a | tokens_b)
+
+
+def type_similarity(type_a: str | None, type_b: str | None) -> float:
+    """Jaccard similarity of the words of two class names (``GELU`` and ``GELUActivation``: 0.5)."""
+    if not type_a or not type_b:
+        return 0.0
+    words_a = {w.lower() for w in _WORD.findall(type_a)}
+    words_b = {w.lower() for w in _WORD.findall(type_b)}
+    if not words_a or not words_b:
+        return 0.0
+    return len(words_a & words_b) / len(words_a | words_b)
 
 
 def main_output(node: Node) -> TensorRecord | None:

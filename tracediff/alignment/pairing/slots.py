@@ -72,8 +72,8 @@ def pair_tensors(node_a: Node, node_b: Node, slots: SlotRules | None = None, val
         spare_b = [t for t in left_b if t.slot.split(".")[0] == head]
         found = _by_value(spare_a, spare_b, values) if values is not None else []
         taken_a, taken_b = {id(x) for x, _ in found}, {id(y) for _, y in found}
-        found += _in_order_by_shape([t for t in spare_a if id(t) not in taken_a],
-                                    [t for t in spare_b if id(t) not in taken_b])
+        found += _in_order_by_shape([t for t in spare_a if id(t) not in taken_a and not _known_integers(t, values)],
+                                    [t for t in spare_b if id(t) not in taken_b and not _known_integers(t, values)])
         for ta, tb in found:
             pairs.append((ta, tb))
             left_a.remove(ta)
@@ -95,6 +95,11 @@ def _related(x: TensorRecord, y: TensorRecord, values: Values | None) -> bool:
     if values is not None and _integers(x) and _integers(y):
         return values.similarity(x, y) == 1.0
     return True
+
+
+def _known_integers(record: TensorRecord, values: Values | None) -> bool:
+    """Integers whose values are known: they pair by value only, never by shape alone."""
+    return values is not None and _integers(record) and bool(record.stats)
 
 
 def _integers(record: TensorRecord) -> bool:

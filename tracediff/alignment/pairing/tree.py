@@ -26,12 +26,13 @@ from dataclasses import dataclass, field
 
 from ...maps.rules import RenameRules, apply_rename
 from ...trace.model import Node
-from .evidence import Values, is_transparent, main_output, name_similarity, numel
+from .evidence import Values, is_transparent, main_output, name_similarity, numel, type_similarity
 
 _NUMBERED = re.compile(r"^(.*)\.(\d+)$")
 _MAX_ROUNDS = 8
 # below this, a pair is not worth making (the weakest real pair, two same-size leaves, scores 1)
 _MIN_SCORE = 0.5
+_VETO = (-1.0, "veto")
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,7 @@ class TreePairing:
     evidence: list[str] = field(default_factory=list)
     _transparent: dict[int, bool] = field(default_factory=dict)
     _children: dict[int, list[Node]] = field(default_factory=dict)
+    _partner: dict[int, Node] = field(default_factory=dict)  # the scopes paired so far, both ways
 
     def run(self, roots_a: list[Node], roots_b: list[Node]) -> None:
         roots = list(zip(roots_a, roots_b))
@@ -111,6 +113,8 @@ class TreePairing:
     # --- a scope: one pair of calls, or every instance of a repeated structure ---------------------------
 
     def _pair_scope(self, scope: list[tuple[Node, Node]]) -> None:
+        self._partner.update({id(a): b for a, b in scope})
+        self._partner.update({id(b): a for a, b in scope})
         lines_a = [self._items(self.children(a, "a"), a) for a, _ in scope]
         lines_b = [self._items(self.children(b, "b"), b) for _, b in scope]
         if len(scope) > 1 and not (_same_template(lines_a, scope, 0) and _same_template(lines_b, scope, 1)):
@@ -150,6 +154,22 @@ class TreePairing:
                 self._add(x, y, how)
             if inner:
                 self._pair_scope(inner)
+
+    def _elsewhere(self, node: Node, side: str) -> bool:
+        """Does the main output of ``node`` go into, or come out of, some call of the other side's scope?"""
+        output = main_output(node)
+        scope = node.parent
+        while scope is not None and id(scope) not in self._partner:
+            scope = scope.parent
+        if output is None or scope is None:
+            return False
+        other = self._partner[id(scope)]
+        for call in other.walk()[1:]:
+            for found in call.tensors:
+                if (self.values.similarity(output, found) if side == "a"
+                        else self.values.similarity(found, output)) >= 0.75:
+                    return True
+        return False
 
     def _add(self, a: Node, b: Node, how: str) -> None:
         self.pairs.append((a, b))
@@ -222,6 +242,8 @@ class TreePairing:
                 return None
             assert isinstance(x, Node) and isinstance(y, Node)
             one = self._score(x, y)
+            if one is _VETO:
+                return None  # what one instance rules out, the line-up of every instance rules out
             if one is not None:
                 found.append(one)
         return max(found) if found else None  # evidence seen in any instance counts (a bug hides it in one)
@@ -255,16 +277,20 @@ class TreePairing:
         local_x, local_y = _local(x), _local(y)
         same_name = self.use_names and local_x == local_y
         names = name_similarity(local_x, local_y) if self.use_names else 0.0
-        same_type = 0.5 if x.module_type and x.module_type == y.module_type else 0.0
+        kinds = type_similarity(x.module_type, y.module_type)
         if leaf_x and leaf_y:
-            if not (same_out and same_in):
+            # two calls that call nothing: the same sizes, and something more than sizes (values in or out,
+            # a name or a kind of module in common)
+            if not (same_out and same_in) or not (out_sim >= 0.4 or in_sim >= 0.75 or kinds or names):
                 return None
             how = "value" if out_sim >= 0.75 else "name" if same_name else "shape"
-            return 1.0 + 3.0 * out_sim + in_sim + same_type + 0.5 * names, how
+            return 1.0 + 3.0 * out_sim + in_sim + 0.5 * kinds + 0.5 * names, how
         if same_out and same_in and out_sim >= 0.4:
-            return 2.0 + 3.0 * out_sim + in_sim + same_type + names, "value"
-        if same_name and same_in:
-            return 1.5 + in_sim + same_type, "name"
+            return 2.0 + 3.0 * out_sim + in_sim + kinds + names, "value"
+        if names >= 0.5 and same_in:  # ``attn`` and ``self_attn``, ``decoder`` and ``model.decoder``
+            if in_sim >= 0.75 and out_sim < 0.4 and (self._elsewhere(x, "a") or self._elsewhere(y, "b")):
+                return _VETO  # same inputs, and its result comes out of another call: not the same computation
+            return 1.5 + in_sim + kinds + names, "name"
         return None
 
 
