@@ -48,6 +48,7 @@ from ..maps.rules import _UNSET, MapSpec, map_argument, read_map
 from ..trace.load import Trace, load_trace
 from ..trace.model import Node, TensorRecord
 from .ops import annotate_op_rows, pair_ops
+from .pairing.permuted import decide_orders
 from .pairing.plan import plan_pairs
 from .pairing.unrecorded import carry_origin, mark_unrecorded_origin
 from .result import Alignment, Job, TensorComparison, row_from_fields, setter
@@ -156,10 +157,10 @@ def align(
     tick = _progress(progress, jobs)
     relaid = bool(plan.how)  # some pair is related by a layout transform (or was paired by map or structure)
 
-    def compare(order: int) -> TensorComparison:
+    def compare(order: int, tick: Callable[[Any], None] = tick) -> TensorComparison:
         na, ra, nb, rb = jobs[order]
         atol, rtol = policy.resolve((na.relative_path, nb.relative_path), ra.dtype, rb.dtype)
-        measurement = relaid and plan.compare(trace_a, ra, trace_b, rb, atol=atol, rtol=rtol) \
+        measurement = (relaid or bool(plan.how)) and plan.compare(trace_a, ra, trace_b, rb, atol=atol, rtol=rtol) \
             or compare_records(trace_a, ra, trace_b, rb, atol=atol, rtol=rtol)
         tick(rb)
         return row_from_fields(order, na.module_path, nb.module_path, na.call_index, nb.call_index, rb.slot,
@@ -171,6 +172,10 @@ def align(
                       if ra.has_payload and rb.has_payload)) as run:
         rows = run(compare, range(len(jobs)))
     tick(None)
+    reordered = decide_orders(rows, jobs, trace_a, trace_b, plan.values)  # rotary pairs side by side or in halves
+    for i, order in reordered.items():
+        plan.how[(id(jobs[i][1]), id(jobs[i][3]))] = ("layout", order)
+    rows = [compare(i, _no_tick) if i in reordered else row for i, row in enumerate(rows)]
     rows = annotate_op_rows(rows, jobs, op_pairing)
     rows = plan.annotate(rows, jobs)
     rows = _with_origins(rows, jobs)
@@ -281,6 +286,10 @@ def _with_origins(rows: list[TensorComparison], jobs: list[Job]) -> list[TensorC
         if origin is not None:
             _set_origin(row, origin)
     return rows
+
+
+def _no_tick(_record: Any) -> None:
+    pass
 
 
 def _progress(enabled: bool, jobs: list[tuple[Node, TensorRecord, Node, TensorRecord]]) -> Callable[[Any], None]:

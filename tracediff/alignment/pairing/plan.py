@@ -34,6 +34,7 @@ class Plan:
     """Everything pairing found, ready for the engine to compare."""
 
     matching: Matching
+    values: Values = field(default_factory=Values)
     jobs: list[Job] = field(default_factory=list)
     unmatched_a: list[Unmatched] = field(default_factory=list)
     unmatched_b: list[Unmatched] = field(default_factory=list)
@@ -82,7 +83,7 @@ def plan_pairs(trace_a: Trace, trace_b: Trace, rules: RenameRules, *, match: str
     """Match calls, pair their tensors and relate layouts (see the module docstring)."""
     matching = match_nodes(trace_a, trace_b, rules, match)
     values = Values(trace_a, trace_b)
-    plan = Plan(matching=matching)
+    plan = Plan(matching=matching, values=values)
     for (node_a, node_b), method in zip(matching.pairs, matching.methods):
         pairs, only_a, only_b = pair_tensors(node_a, node_b, slots, values)
         for ra, rb in pairs:

@@ -1,0 +1,115 @@
+"""Outputs holding the same values in another order inside their last dimension, decided once per structure.
+
+Meta-to-transformers conversions of rotary models permute the rows of ``q_proj`` and ``k_proj`` within each
+head (torchtune's ``tune_to_hf``, transformers' ``convert_llama_weights_to_hf``): rotary pairs that sit
+side by side (``x0 x1 x2 x3 ...``) on one side sit in two halves (``x0 x2 ... x1 x3 ...``) on the other.
+The outputs then hold the same values in another order, shapes equal, and compare as a divergence.
+
+An output of a paired call whose comparison failed, whose values agree once sorted, is tried against
+both orders for every even head size that divides its last dimension. The order is then decided **once for
+every instance of a repeated structure** (``layers.N.self_attn.q_proj``), by the instances whose
+enclosing call's outputs agree (they witness that the order is the port's layout, not its bug); without
+such a witness, by the instances the order fits. Every instance is then compared under that order, so a
+layer converted without the permutation, among layers converted with it, is the divergence, named at
+that layer.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Sequence
+
+from ...trace.load import Trace
+from ...trace.model import Node, TensorRecord
+from ..result import Job, TensorComparison
+from .evidence import Values
+from .layout import Transform, _load, _relative_error
+
+_NUMBER = re.compile(r"\.\d+(?=\.|$)")
+# relative error under which an order fits the values (a bf16 port stays well under it)
+_FITS = 2e-2
+
+
+def pair_orders(shape: tuple[int, ...]) -> list[Transform]:
+    """Side-by-side pairs to halves and back, per head, for every even head size dividing the last dimension."""
+    if not shape or shape[-1] < 4:
+        return []
+    lead, size = tuple(shape[:-1]), shape[-1]
+    axes = tuple(range(len(lead) + 1))
+    swap = axes + (len(lead) + 2, len(lead) + 1)
+    out = []
+    for head in range(4, size + 1, 2):
+        if size % head:
+            continue
+        for split in ((head // 2, 2), (2, head // 2)):
+            out.append(Transform("a", (("reshape", lead + (size // head, *split)), ("permute", swap),
+                                       ("reshape", tuple(shape)))))
+    return out
+
+
+def _family(job: Job) -> tuple[str, str, str, str]:
+    """The same tensor of every instance of a repeated structure (layer numbers left out)."""
+    node_a, record_a, node_b, record_b = job
+    return (_NUMBER.sub(".N", node_a.relative_path), _NUMBER.sub(".N", node_b.relative_path), record_a.slot,
+            record_b.slot)
+
+
+def decide_orders(rows: Sequence[TensorComparison], jobs: Sequence[Job], trace_a: Trace, trace_b: Trace,
+                  values: Values) -> dict[int, Transform]:
+    """Row index -> the order to compare it under, for the rows of every family where an order was decided."""
+    fitting: dict[int, Transform] = {}
+    for i, (row, job) in enumerate(zip(rows, jobs)):
+        _, ra, _, rb = job
+        if row.within_tolerance is False and ra.slot.startswith("outputs") and ra.shape == rb.shape \
+                and ra.shape is not None and values.similarity(ra, rb) >= 0.75:
+            found = _fitting_order(trace_a, ra, trace_b, rb)
+            if found is not None:
+                fitting[i] = found
+    if not fitting:
+        return {}
+    witnessed = _witnessed(rows, jobs)
+    families: dict[tuple[str, str, str, str], list[int]] = {}
+    for i, job in enumerate(jobs):
+        families.setdefault(_family(job), []).append(i)
+    decided: dict[int, Transform] = {}
+    for members in families.values():
+        if not any(i in fitting for i in members):
+            continue
+        # an instance votes for its order, or for none when it agreed as recorded
+        votes = [(fitting.get(i), i in witnessed) for i in members
+                 if i in fitting or rows[i].within_tolerance is True]
+        chosen = [order for order, seen in votes if seen] or [order for order, _ in votes if order is not None]
+        order, _ = Counter(chosen).most_common(1)[0] if chosen else (None, 0)
+        if order is not None:
+            decided.update({i: order for i in members})
+    return decided
+
+
+def _fitting_order(trace_a: Trace, ra: TensorRecord, trace_b: Trace, rb: TensorRecord) -> Transform | None:
+    a, b = _load(trace_a, ra), _load(trace_b, rb)
+    if a is None or b is None or ra.shape is None:
+        return None
+    best, best_err = None, _FITS
+    for order in pair_orders(ra.shape):
+        err = _relative_error(order.apply(a), b)
+        if err < best_err:
+            best, best_err = order, err
+    return best
+
+
+def _witnessed(rows: Sequence[TensorComparison], jobs: Sequence[Job]) -> set[int]:
+    """Rows whose nearest enclosing compared call (in B) has every output within tolerance."""
+    outputs_ok: dict[int, bool] = {}
+    for row, (_, ra, node_b, _) in zip(rows, jobs):
+        if ra.slot.startswith("outputs"):
+            outputs_ok[id(node_b)] = outputs_ok.get(id(node_b), True) and row.within_tolerance is True
+    out = set()
+    for i, (_, _, node_b, _) in enumerate(jobs):
+        parent: Node | None = node_b.parent
+        while parent is not None and id(parent) not in outputs_ok:
+            parent = parent.parent
+        if parent is not None and outputs_ok[id(parent)]:
+            out.add(i)
+    return out
+
