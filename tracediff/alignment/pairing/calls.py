@@ -73,7 +73,6 @@ def match_nodes(a: Trace, b: Trace, rename: RenameRules, match: str = "auto") ->
     pairs: list[tuple[Node, Node]] = []
     methods: list[str] = []
     evidence: list[str] = []
-    idle: set[int] = set()  # calls that compute nothing: never paired, never unmatched
     if match == "name":
         by_key = {(node.phase, node.relative_path, node.call_index): node for node in nodes_b}  # Node.key
         for node in nodes_a:
@@ -88,17 +87,18 @@ def match_nodes(a: Trace, b: Trace, rename: RenameRules, match: str = "auto") ->
         tree.run([r for r in a.roots if r.phase == "forward"], [r for r in b.roots if r.phase == "forward"])
         pairs, evidence = tree.pairs, tree.evidence
         methods = [how if how in ("name", "map") else "structure" for how in evidence]
-        idle = tree.idle()
+        if rename and match != "structure":
+            _mapped_across(pairs, methods, evidence, nodes_a, nodes_b, rename)
     named = sum(1 for (x, _), m in zip(pairs, methods) if x.relative_path and m in ("name", "map"))
     # calls lying in blocks the other side did not record have no partner to find
     hidden_b = [_relative(p) for p in all_unrecorded(gaps_b)]
     hidden_a = [apply_rename(_relative(p), rename) for p in all_unrecorded(gaps_a)]
 
     def explained_a(n: Node) -> bool:
-        return id(n) in idle or inside(apply_rename(n.relative_path, rename), hidden_b)
+        return inside(apply_rename(n.relative_path, rename), hidden_b)
 
     def explained_b(n: Node) -> bool:
-        return id(n) in idle or inside(n.relative_path, hidden_a)
+        return inside(n.relative_path, hidden_a)
 
     # each call pairs at most once: as many pairs as calls on both sides means nothing is left to look for
     complete = len(pairs) == len(nodes_a) == len(nodes_b)
@@ -119,6 +119,23 @@ def match_nodes(a: Trace, b: Trace, rename: RenameRules, match: str = "auto") ->
         evidence=tuple(evidence[i] for i in order),
         gaps_a=gaps_a, gaps_b=gaps_b, nodes_a=nodes_a, nodes_b=nodes_b,
     )
+
+
+def _mapped_across(pairs: list[tuple[Node, Node]], methods: list[str], evidence: list[str], nodes_a: list[Node],
+                   nodes_b: list[Node], rename: RenameRules) -> None:
+    """The user's map is honoured where it crosses the hierarchy (a rotary module inside A's first attention
+    renamed to B's model-level ``rotary_emb``): calls still unpaired whose renamed path is a call of B."""
+    paired_a, paired_b = {id(x) for x, _ in pairs}, {id(y) for _, y in pairs}
+    by_key = {n.key: n for n in nodes_b if id(n) not in paired_b}
+    for node in nodes_a:
+        if id(node) in paired_a:
+            continue
+        renamed = apply_rename(node.relative_path, rename)
+        other = by_key.pop((node.phase, renamed, node.call_index), None) if renamed != node.relative_path else None
+        if other is not None:
+            pairs.append((node, other))
+            methods.append("map")
+            evidence.append("map")
 
 
 def _relative(full_path: str) -> str:

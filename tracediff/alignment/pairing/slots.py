@@ -60,9 +60,10 @@ def pair_tensors(node_a: Node, node_b: Node, slots: SlotRules | None = None, val
             by_slot_b.pop(t.slot, None)
             continue
         other = by_slot_b.get(renamed)
-        # the same slot name holds another argument when the sizes differ (whisper's ``xa`` and transformers'
-        # ``attention_mask`` are both ``args.1``); a slot rule is the user's word
-        if other is not None and (renamed != t.slot or _related(t, other, values)):
+        # an argument slot holds another argument when the sizes differ (whisper's ``xa`` and transformers'
+        # ``attention_mask`` are both ``args.1``): it waits for a partner of its size; a slot rule is the
+        # user's word, and an output keeps its slot (a size that differs there is the port's bug)
+        if other is not None and (renamed != t.slot or _related(t, other, values, node_a.parent is None)):
             pairs.append((t, by_slot_b.pop(renamed)))
         else:
             left_a.append(t)
@@ -78,28 +79,36 @@ def pair_tensors(node_a: Node, node_b: Node, slots: SlotRules | None = None, val
             pairs.append((ta, tb))
             left_a.remove(ta)
             left_b.remove(tb)
+    same_slot = {t.slot: t for t in left_b}
+    for ta in list(left_a):  # arguments that found no partner of their size keep their slot's
+        tb = same_slot.pop(ta.slot, None)
+        if tb is not None and (values is None or not (_known_integers(ta, values) or _known_integers(tb, values))):
+            pairs.append((ta, tb))
+            left_a.remove(ta)
+            left_b.remove(tb)
     if (left_a or left_b) and not (node_a.has_outputs and node_b.has_outputs):  # pruned outputs: not a mismatch
         left_a = [t for t in left_a if not t.slot.startswith("outputs")]
         left_b = [t for t in left_b if not t.slot.startswith("outputs")]
     return pairs, left_a, left_b
 
 
-def _related(x: TensorRecord, y: TensorRecord, values: Values | None) -> bool:
-    """Can two tensors under one slot name be the same argument? Not when their sizes differ, nor when they
-    hold integers (ids, positions, masks) that differ: integers carry no rounding noise, and a bug upstream
-    does not change them (transformer-lens's ``pos_embed`` takes the tokens, GPT-2's ``wpe`` the positions)."""
-    if x.shape is None or y.shape is None:
+def _related(x: TensorRecord, y: TensorRecord, values: Values | None, root: bool) -> bool:
+    """Can two tensors under one slot name be the same? Outputs and the model's own inputs always are. Other
+    arguments are not when their sizes differ, nor when they hold integers (ids, positions) that differ:
+    integers carry no rounding noise, and a bug upstream does not change them (transformer-lens's
+    ``pos_embed`` takes the tokens, GPT-2's ``wpe`` the positions)."""
+    if x.shape is None or y.shape is None or root or not x.slot.startswith("inputs"):
         return True
     if math.prod(x.shape) != math.prod(y.shape):
         return False
-    if values is not None and _integers(x) and _integers(y):
+    if values is not None and _integers(x) and _integers(y) and values.stats(x, "a") and values.stats(y, "b"):
         return values.similarity(x, y) == 1.0
     return True
 
 
 def _known_integers(record: TensorRecord, values: Values | None) -> bool:
     """Integers whose values are known: they pair by value only, never by shape alone."""
-    return values is not None and _integers(record) and bool(record.stats)
+    return values is not None and _integers(record) and any(k in record.stats for k in ("min", "mean"))
 
 
 def _integers(record: TensorRecord) -> bool:

@@ -69,10 +69,25 @@ class TreePairing:
             self._add(a, b, "name")
         if roots:
             self._pair_scope(roots)
+        self.pair_idle()
 
-    def idle(self) -> set[int]:
-        """``id`` of every call found to compute nothing."""
-        return {key for key, transparent in self._transparent.items() if transparent}
+    def pair_idle(self) -> None:
+        """Calls left unpaired under paired parents pair with their namesakes when either computes nothing
+        (``dropout`` with ``dropout``); a call that computes nothing pairs with nothing else."""
+        if not self.use_names:
+            return
+        paired = {id(x) for pair in self.pairs for x in pair}
+        for a, b in list(self.pairs):
+            spare_b = {(c.relative_path, c.call_index): c for c in b.children if id(c) not in paired}
+            for child in a.children:
+                if id(child) in paired:
+                    continue
+                renamed = apply_rename(child.relative_path, self.rules) if self.rules else child.relative_path
+                other = spare_b.get((renamed, child.call_index))
+                if other is not None and not (self._computes(child, "a") and self._computes(other, "b")):
+                    del spare_b[renamed, child.call_index]
+                    paired |= {id(child), id(other)}
+                    self._add(child, other, "map" if renamed != child.relative_path else "name")
 
     # --- the calls that compute -------------------------------------------------------------------------
 
@@ -300,8 +315,9 @@ def _sizes(node: Node) -> tuple[int | None, int | None]:
 
 
 def _repeats(members: list[Node]) -> bool:
-    """Numbered siblings that are instances of one structure (a ``Sequential`` of different layers is not)."""
-    return len(members) >= 2 and len({m.module_type for m in members}) == 1
+    """Numbered siblings that are instances of one structure: one class, or one size in and out (a block
+    rewritten in one layer is still an instance; a ``Sequential`` of different layers is not)."""
+    return len(members) >= 2 and (len({m.module_type for m in members}) == 1 or len({_sizes(m) for m in members}) == 1)
 
 
 def _local(node: Node) -> str:
