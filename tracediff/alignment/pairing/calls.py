@@ -52,6 +52,7 @@ class Matching:
     structural: bool
     methods: tuple[str, ...] = ()  # per pair: "name", "map" or "structure"
     evidence: tuple[str, ...] = ()  # per pair: "map", "value", "name" or "shape" (the ``pairing`` of its rows)
+    idle: frozenset[int] = frozenset()  # ``id`` of the calls found to compute nothing
     gaps_a: dict[str, tuple[str, ...]] = field(default_factory=dict)  # see unrecorded.find_unrecorded
     gaps_b: dict[str, tuple[str, ...]] = field(default_factory=dict)
     # every call of each trace (``Trace.nodes()``), listed once for all the steps of an alignment
@@ -73,6 +74,7 @@ def match_nodes(a: Trace, b: Trace, rename: RenameRules, match: str = "auto") ->
     pairs: list[tuple[Node, Node]] = []
     methods: list[str] = []
     evidence: list[str] = []
+    idle: frozenset[int] = frozenset()
     if match == "name":
         by_key = {(node.phase, node.relative_path, node.call_index): node for node in nodes_b}  # Node.key
         for node in nodes_a:
@@ -87,6 +89,7 @@ def match_nodes(a: Trace, b: Trace, rename: RenameRules, match: str = "auto") ->
         tree.run([r for r in a.roots if r.phase == "forward"], [r for r in b.roots if r.phase == "forward"])
         pairs, evidence = tree.pairs, tree.evidence
         methods = [how if how in ("name", "map") else "structure" for how in evidence]
+        idle = tree.idle()
         if rename and match != "structure":
             _mapped_across(pairs, methods, evidence, nodes_a, nodes_b, rename)
     named = sum(1 for (x, _), m in zip(pairs, methods) if x.relative_path and m in ("name", "map"))
@@ -116,7 +119,7 @@ def match_nodes(a: Trace, b: Trace, rename: RenameRules, match: str = "auto") ->
         unmatched_b=() if complete else tuple(n for n in nodes_b if id(n) not in paired_b and not explained_b(n)),
         structural=structural,
         methods=tuple(methods[i] for i in order),
-        evidence=tuple(evidence[i] for i in order),
+        evidence=tuple(evidence[i] for i in order), idle=idle,
         gaps_a=gaps_a, gaps_b=gaps_b, nodes_a=nodes_a, nodes_b=nodes_b,
     )
 

@@ -97,16 +97,17 @@ def plan_pairs(trace_a: Trace, trace_b: Trace, rules: RenameRules, *, match: str
             only_a, only_b = [t for t in only_a if t is not ra], [t for t in only_b if t is not rb]
         plan.unmatched_a += [Unmatched(node_a.module_path, node_a.call_index, t.slot) for t in only_a]
         plan.unmatched_b += [Unmatched(node_b.module_path, node_b.call_index, t.slot) for t in only_b]
-    unpaired_a = {id(n) for n in matching.unmatched_a}
-    unpaired_b = {id(n) for n in matching.unmatched_b}
+    # calls that compute nothing take no part in a fused projection
+    unpaired_a = {id(n) for n in matching.unmatched_a if id(n) not in matching.idle}
+    unpaired_b = {id(n) for n in matching.unmatched_b if id(n) not in matching.idle}
     if match != "name":
         for found in find_fused(trace_a, trace_b, list(matching.pairs), unpaired_a, unpaired_b):
             plan.how[(id(found.record_a), id(found.record_b))] = ("layout", found.transform)
             plan.jobs.append((found.node_a, found.record_a, found.node_b, found.record_b))
             plan.layout_nodes.append((found.node_a, found.node_b))
     # calls holding no tensor (only caches, flags) are not counted as unmatched
-    left_a = [n for n in matching.unmatched_a if id(n) in unpaired_a and n.tensors]
-    left_b = [n for n in matching.unmatched_b if id(n) in unpaired_b and n.tensors]
+    left_a = [n for n in matching.unmatched_a if (id(n) in unpaired_a or id(n) in matching.idle) and n.tensors]
+    left_b = [n for n in matching.unmatched_b if (id(n) in unpaired_b or id(n) in matching.idle) and n.tensors]
     plan.unmatched_a = [Unmatched(n.module_path, n.call_index) for n in left_a] + plan.unmatched_a
     plan.unmatched_b = [Unmatched(n.module_path, n.call_index) for n in left_b] + plan.unmatched_b
     plan.warnings = _coverage_warnings(matching, match)

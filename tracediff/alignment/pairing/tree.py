@@ -89,6 +89,10 @@ class TreePairing:
                     paired |= {id(child), id(other)}
                     self._add(child, other, "map" if renamed != child.relative_path else "name")
 
+    def idle(self) -> frozenset[int]:
+        """``id`` of every call found to compute nothing."""
+        return frozenset(key for key, transparent in self._transparent.items() if transparent)
+
     # --- the calls that compute -------------------------------------------------------------------------
 
     def _computes(self, node: Node, side: str) -> bool:
