@@ -51,7 +51,7 @@ from .ops import annotate_op_rows, pair_ops
 from .pairing.permuted import decide_orders
 from .pairing.plan import plan_pairs
 from .pairing.unrecorded import carry_origin, mark_unrecorded_origin
-from .result import Alignment, Job, TensorComparison, row_from_fields, setter
+from .result import Alignment, Job, TensorComparison, Unmatched, row_from_fields, setter
 from .verdicts.apply import check_ignore, judge
 from .verdicts.arguments import diff_arguments
 from .verdicts.noise import DEFAULT_NOISE_FACTOR
@@ -191,6 +191,9 @@ def align(
         warnings.insert(0, "module paths did not line up; nodes were matched by structure "
                            "(shapes and call order). Check the suggested rename map.")
     warnings[:0] = plan.warnings
+    weak = _weak_first_divergence(verdicts.rows, unmatched_b)
+    if weak:
+        warnings.append(weak)
     marked = mark_unrecorded_origin(verdicts.rows, matching.gaps_a, matching.gaps_b)  # after the origins above
     return Alignment(
         trace_a=str(trace_a.directory), trace_b=str(trace_b.directory),
@@ -286,6 +289,17 @@ def _with_origins(rows: list[TensorComparison], jobs: list[Job]) -> list[TensorC
         if origin is not None:
             _set_origin(row, origin)
     return rows
+
+
+def _weak_first_divergence(rows: Iterable[TensorComparison], unmatched_b: list[Unmatched]) -> str | None:
+    """A warning when the first divergence rests on sizes alone, naming B's unpaired calls it could be instead."""
+    first = next((row for row in rows if row.within_tolerance is False), None)
+    if first is None or first.pairing != "shape":
+        return None
+    calls = [u.module_path for u in unmatched_b if u.tensor is None][:3]
+    others = f"; unpaired calls of B: {', '.join(calls)}" if calls else ""
+    return (f"the first divergence pairs {first.module_path_a} with {first.module_path_b} on sizes alone (no value, "
+            f"name or map says they are the same computation): check that pair{others}")
 
 
 def _no_tick(_record: Any) -> None:

@@ -195,6 +195,6 @@ def annotate_op_rows(rows: list[TensorComparison], jobs: list[Job], pairing: OpP
             out.append(row)
             continue
         if (id(ra), id(rb)) in pairing.by_value:
-            row = replace(row, matched_by="value", tensor_a=f"{op_a.op} #{op_a.op_index} {ra.slot}")
+            row = replace(row, matched_by="value", pairing="value", tensor_a=f"{op_a.op} #{op_a.op_index} {ra.slot}")
         out.append(replace(row, op=op_b.op, op_index=op_b.op_index))
     return out

@@ -38,6 +38,12 @@ noise_ratio            max_abs_err / noise_floor (None: zero or no floor)
 growth                 this row's error beyond noise over what flowed into
                        it (``Alignment.sources``: the rows where error is
                        introduced)
+matched_by, transform  how the pair was found (name, map, structure, layout)
+                       and the layout transform relating the two tensors
+pairing                the evidence the pair rests on: ``map`` (the user's
+                       rename map), ``value`` (the values agree, or a layout
+                       was verified on them), ``name`` or ``shape`` (sizes
+                       alone; see docs/matching.md)
 =====================  ========================================================
 """
 
@@ -115,6 +121,8 @@ class TensorComparison:
     # op rows (op-level capture): the qualified op name and its index inside the enclosing module call
     op: str | None = None
     op_index: int | None = None
+    # the evidence the pair was made on, strongest first: map, value, name, shape (docs/matching.md)
+    pairing: str = "name"
 
     @property
     def call_index_a(self) -> int:

@@ -32,8 +32,8 @@ from ...maps.rules import RenameRules, apply_rename
 from ...maps.suggest import suggest_rules
 from ...trace.load import Trace
 from ...trace.model import Node
-from .slots import pair_tensors
 from .evidence import Values
+from .slots import pair_tensors
 from .tree import TreePairing
 from .unrecorded import all_unrecorded, find_unrecorded, inside
 

@@ -41,6 +41,8 @@ class Plan:
     # (id of A's record, id of B's record) -> (matched_by, layout transform), for the pairs not found by name
     # alone; a pair missing here was paired by name, as is, which is what a row says by default
     how: dict[tuple[int, int], tuple[str, Transform | None]] = field(default_factory=dict)
+    # (id of A's record, id of B's record) -> the evidence of the pair when it is not "name" (see Matching.evidence)
+    pairing: dict[tuple[int, int], str] = field(default_factory=dict)
     layout_nodes: list[tuple[Node, Node]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     suggested: RenameRules = field(default_factory=list)
@@ -66,15 +68,17 @@ class Plan:
         return compare_transformed(trace_a, ra, trace_b, rb, transform, atol=atol, rtol=rtol)
 
     def annotate(self, rows: list[TensorComparison], jobs: list[Job]) -> list[TensorComparison]:
-        """Set ``matched_by`` and ``transform`` of rows built from ``jobs`` (same order)."""
+        """Set ``matched_by``, ``transform`` and ``pairing`` of rows built from ``jobs`` (same order)."""
         out = []
         for row, (_, ra, _, rb) in zip(rows, jobs):
-            method, transform = self.how.get((id(ra), id(rb)), (None, None))
-            if method is None:  # paired by name, as is
+            key = (id(ra), id(rb))
+            method, transform = self.how.get(key, (None, None))
+            evidence = "value" if method == "layout" else self.pairing.get(key, row.pairing)
+            if method is None and evidence == row.pairing:  # paired by name, as is
                 out.append(row)
                 continue
             text = transform.describe(len(ra.shape or ())) if transform is not None else None
-            out.append(fill(row, matched_by=method, transform=text))
+            out.append(fill(row, matched_by=method or row.matched_by, transform=text, pairing=evidence))
         return out
 
 
@@ -84,9 +88,11 @@ def plan_pairs(trace_a: Trace, trace_b: Trace, rules: RenameRules, *, match: str
     matching = match_nodes(trace_a, trace_b, rules, match)
     values = Values(trace_a, trace_b)
     plan = Plan(matching=matching, values=values)
-    for (node_a, node_b), method in zip(matching.pairs, matching.methods):
+    for (node_a, node_b), method, evidence in zip(matching.pairs, matching.methods, matching.evidence):
         pairs, only_a, only_b = pair_tensors(node_a, node_b, slots, values)
         for ra, rb in pairs:
+            if evidence != "name":
+                plan.pairing[(id(ra), id(rb))] = evidence
             transform = _relayout(trace_a, ra, trace_b, rb)
             if transform is not None or method != "name":  # rows say "name" unless told otherwise
                 plan.how[(id(ra), id(rb))] = ("layout" if transform is not None else method, transform)

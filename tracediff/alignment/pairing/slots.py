@@ -79,13 +79,15 @@ def pair_tensors(node_a: Node, node_b: Node, slots: SlotRules | None = None, val
             pairs.append((ta, tb))
             left_a.remove(ta)
             left_b.remove(tb)
-    same_slot = {t.slot: t for t in left_b}
+    same_slot: dict[str, TensorRecord] = {t.slot: t for t in left_b}
     for ta in list(left_a):  # arguments that found no partner of their size keep their slot's
-        tb = same_slot.pop(ta.slot, None)
-        if tb is not None and (values is None or not (_known_integers(ta, values) or _known_integers(tb, values))):
-            pairs.append((ta, tb))
+        if ta.slot not in same_slot:
+            continue
+        partner = same_slot.pop(ta.slot)
+        if values is None or not (_known_integers(ta, values) or _known_integers(partner, values)):
+            pairs.append((ta, partner))
             left_a.remove(ta)
-            left_b.remove(tb)
+            left_b.remove(partner)
     if (left_a or left_b) and not (node_a.has_outputs and node_b.has_outputs):  # pruned outputs: not a mismatch
         left_a = [t for t in left_a if not t.slot.startswith("outputs")]
         left_b = [t for t in left_b if not t.slot.startswith("outputs")]

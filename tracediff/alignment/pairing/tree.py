@@ -287,9 +287,10 @@ class TreePairing:
         leaf_x, leaf_y = not self.children(x, "a"), not self.children(y, "b")
         out_x, out_y = main_output(x), main_output(y)
         in_x, in_y = x.inputs(), y.inputs()
-        same_out = numel(out_x) == numel(out_y) and out_x is not None
+        same_out = out_x is not None and out_y is not None and numel(out_x) == numel(out_y)
         same_in = [numel(t) for t in in_x[:1]] == [numel(t) for t in in_y[:1]]
-        out_sim = self.values.similarity(out_x, out_y) if same_out and out_y is not None else 0.0
+        out_sim = self.values.similarity(out_x, out_y) if out_x is not None and out_y is not None and same_out \
+            else 0.0
         in_sim = self.values.best(in_x, in_y)
         if out_sim and in_x and in_y and in_sim < 0.4 and not (leaf_x and leaf_y):
             out_sim = 0.0  # the same result from other inputs: a wrapper reaching the point another call reaches
