@@ -9,13 +9,11 @@ import pytest
 
 from tests.ports.harness import (
     INSTALL,
-    UNMAPPED,
     Bug,
     Port,
     StateDict,
     swap,
     verdict_tests,
-    wrong_in,
 )
 
 pytest.importorskip("torchtune", reason=f"the ports extra is not installed: {INSTALL}")
@@ -130,11 +128,7 @@ PORT = Port(
     ops_in=("layers.0.mlp", "model.layers.0.mlp"),
 )
 
-EVERY = ("clean", *(bug.name for bug in BUGS), "bf16")
-PERMUTED = ("tune_to_hf permutes the rows of q_proj and k_proj (the rotary layout) and pairing does not see it: "
-            "even the clean port diverges at layers.0.self_attn.q_proj")
 WRONG: dict[tuple[str, str], str] = {
-    **wrong_in(EVERY, UNMAPPED, PERMUTED),
     ("o-proj-transposed", "replay"): "replay applies no slot rule: it blames the permuted layers.0.self_attn.q_proj",
 }
 

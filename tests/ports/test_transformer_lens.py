@@ -15,7 +15,6 @@ import pytest
 
 from tests.ports.harness import (
     INSTALL,
-    UNMAPPED,
     Bug,
     Port,
     StateDict,
@@ -26,7 +25,6 @@ from tests.ports.harness import (
     hooked_w_o_transposed,
     swap,
     verdict_tests,
-    wrong_in,
 )
 
 pytest.importorskip("transformer_lens", reason=f"the ports extra is not installed: {INSTALL}")
@@ -116,15 +114,7 @@ PORT = Port(
     ops_in=("transformer.h.0.mlp", "blocks.0.mlp"),
 )
 
-EVERY = ("clean", *(bug.name for bug in BUGS), "bf16")
-HOOKS = ("structure pairs GPT-2's calls with transformer-lens's hook points and the wrong embeddings "
-         "(the suggested map renames wte to pos_embed): even the clean port diverges at embed")
-HOOK_EMBED = ("with --match auto, structure pairs transformer-lens's hook_embed with a GPT-2 call the map "
-              "left unpaired: even the clean port diverges at hook_embed")
 WRONG: dict[tuple[str, str], str] = {
-    **wrong_in(EVERY, UNMAPPED, HOOKS),
-    **wrong_in(EVERY, ("hand map",), HOOK_EMBED),
-    ("gelu-for-gelu-new", "ops"): HOOK_EMBED,
     ("c-proj-transposed", "replay"): "replay skips every call (transformer-lens's blocks do not take GPT-2's "
                                      "recorded arguments) and finds no culprit",
 }

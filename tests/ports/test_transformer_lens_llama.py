@@ -13,7 +13,6 @@ import pytest
 
 from tests.ports.harness import (
     INSTALL,
-    UNMAPPED,
     Bug,
     Port,
     StateDict,
@@ -24,7 +23,6 @@ from tests.ports.harness import (
     hooked_w_o_transposed,
     swap,
     verdict_tests,
-    wrong_in,
 )
 
 pytest.importorskip("transformer_lens", reason=f"the ports extra is not installed: {INSTALL}")
@@ -114,16 +112,7 @@ PORT = Port(
     ops_in=("model.layers.0.self_attn", "blocks.0.attn"),
 )
 
-EVERY = ("clean", *(bug.name for bug in BUGS), "bf16")
-HOOKS = ("structure pairs transformers' embed_tokens and its other calls with transformer-lens's hook points: "
-         "even the clean port diverges at hook_embed")
-ACT_IS_HOOK = ("with --match auto, structure pairs transformers' mlp.act_fn with transformer-lens's "
-               "mlp.hook_pre (same input, but a hook point is the identity): even the clean port diverges "
-               "at blocks.0.mlp.hook_pre")
 WRONG: dict[tuple[str, str], str] = {
-    **wrong_in(EVERY, UNMAPPED, HOOKS),
-    **wrong_in(EVERY, ("hand map",), ACT_IS_HOOK),
-    ("rotary-adjacent-pairs", "ops"): ACT_IS_HOOK,
     ("o-transposed", "replay"): "replay skips every call (transformer-lens's blocks do not take transformers' "
                                 "recorded arguments) and finds no culprit",
 }
