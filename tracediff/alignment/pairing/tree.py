@@ -33,6 +33,7 @@ _MAX_ROUNDS = 8
 # below this, a pair is not worth making (the weakest real pair, two same-size leaves, scores 1)
 _MIN_SCORE = 0.5
 _VETO = (-1.0, "veto")
+_NAMED = 100.0  # the score of a pair the names or the map make
 
 
 @dataclass(frozen=True)
@@ -154,11 +155,14 @@ class TreePairing:
                 new_a = [self._dissolve(line, take_a, "a") for line in lines_a]
                 new_b = [self._dissolve(line, take_b, "b") for line in lines_b]
                 found, score = self._line_up(new_a, new_b)
-                options.append((score, -len(take_a) - len(take_b), new_a, new_b, found))
+                # opening wrappers gains nothing yet when the other side wraps its calls one level deeper too
+                spare = (not take_a or len(paired_b) < len(lines_b[0])) and \
+                    (not take_b or len(paired_a) < len(lines_a[0]))
+                options.append((score, -len(take_a) - len(take_b), spare, new_a, new_b, found))
             if not options:
                 break
-            score, _, new_a, new_b, found = max(options, key=lambda option: option[:2])
-            if score <= total:
+            score, _, spare, new_a, new_b, found = max(options, key=lambda option: option[:2])
+            if score < total or (score == total and not spare):
                 break
             lines_a, lines_b, matched, total = new_a, new_b, found, score
         for j, k, how in matched:
@@ -213,15 +217,49 @@ class TreePairing:
     def _line_up(self, lines_a: list[list[Item]], lines_b: list[list[Item]]
                  ) -> tuple[list[tuple[int, int, str]], float]:
         """The order-keeping pairing of the items with the largest total score (instances' evidence pooled),
-        and that score."""
+        and that score. Items whose names (or the map) agree anchor it; only the gaps between anchors are
+        scored pair by pair, so two traces whose names line up pair in linear time."""
         n, m = len(lines_a[0]), len(lines_b[0])
+        out: list[tuple[int, int, str]] = []
+        total = 0.0
+        last_j = last_k = -1
+        for j, k, how in [*self._anchors(lines_a[0], lines_b[0]), (n, m, "")]:
+            found, score = self._line_up_gap(lines_a, lines_b, range(last_j + 1, j), range(last_k + 1, k))
+            out += found
+            total += score
+            if how:
+                out.append((j, k, how))
+                total += _NAMED
+            last_j, last_k = j, k
+        return out, total
+
+    def _anchors(self, line_a: list[Item], line_b: list[Item]) -> list[tuple[int, int, str]]:
+        """Items of A whose (renamed) path is an item of B's, in increasing order on both sides."""
+        if not self.use_names:
+            return []
+        where_b = {_key(item, None): k for k, item in enumerate(line_b)}
+        out: list[tuple[int, int, str]] = []
+        for j, item in enumerate(line_a):
+            key = _key(item, self.rules)
+            k = where_b.get(key, -1)
+            if k > (out[-1][1] if out else -1):
+                out.append((j, k, "map" if key != _key(item, None) else "name"))
+        return out
+
+    def _line_up_gap(self, lines_a: list[list[Item]], lines_b: list[list[Item]], rows: range, columns: range
+                     ) -> tuple[list[tuple[int, int, str]], float]:
+        if not rows or not columns:
+            return [], 0.0
+        n, m = len(rows), len(columns)
         scores: dict[tuple[int, int], tuple[float, str]] = {}
         for j in range(n):
             for k in range(m):
-                found = self._score_items([line[j] for line in lines_a], [line[k] for line in lines_b])
+                found = self._score_items([line[rows[j]] for line in lines_a], [line[columns[k]] for line in lines_b])
                 if found is not None and found[0] >= _MIN_SCORE:
-                    near = abs(j / max(n, 1) - k / max(m, 1))  # ties go to the nearer position
+                    near = abs(j / n - k / m)  # ties go to the nearer position
                     scores[j, k] = (found[0] - 1e-3 * near, found[1])
+        if not scores:
+            return [], 0.0
         best = [[0.0] * (m + 1) for _ in range(n + 1)]
         for j in range(n - 1, -1, -1):
             for k in range(m - 1, -1, -1):
@@ -231,13 +269,13 @@ class TreePairing:
         j = k = 0
         while j < n and k < m:
             if (j, k) in scores and best[j][k] == scores[j, k][0] + best[j + 1][k + 1]:
-                out.append((j, k, scores[j, k][1]))
+                out.append((rows[j], columns[k], scores[j, k][1]))
                 j, k = j + 1, k + 1
             elif best[j][k] == best[j + 1][k]:
                 j += 1
             else:
                 k += 1
-        return out, best[0][0] if n and m else 0.0
+        return out, best[0][0]
 
     def _score_items(self, xs: list[Item], ys: list[Item]) -> tuple[float, str] | None:
         found: list[tuple[float, str]] = []
@@ -272,7 +310,7 @@ class TreePairing:
             return None
         renamed = apply_rename(path_a, self.rules) if self.rules else path_a
         if renamed == path_b:
-            return 100.0, "map" if renamed != path_a else "name"
+            return _NAMED, "map" if renamed != path_a else "name"
         return None
 
     @staticmethod
@@ -323,6 +361,12 @@ def _repeats(members: list[Node]) -> bool:
     """Numbered siblings that are instances of one structure: one class, or one size in and out (a block
     rewritten in one layer is still an instance; a ``Sequential`` of different layers is not)."""
     return len(members) >= 2 and (len({m.module_type for m in members}) == 1 or len({_sizes(m) for m in members}) == 1)
+
+
+def _key(item: Item, rules: RenameRules | None) -> tuple[str, int]:
+    """What names an item: its (renamed) path and call index; a repeated structure by its prefix."""
+    path, index = (item.prefix, -1) if isinstance(item, Repeated) else (item.relative_path, item.call_index)
+    return (apply_rename(path, rules) if rules else path), index
 
 
 def _local(node: Node) -> str:
