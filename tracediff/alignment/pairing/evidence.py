@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -155,17 +156,20 @@ def graded(distance: float) -> float:
     return 0.0
 
 
-def is_transparent(node: Node, values: Values, side: str) -> bool:
+def is_transparent(node: Node, values: Values, side: str, child_computes: Callable[[Node], bool] | None = None
+                   ) -> bool:
     """A call that computes nothing: one input and one output tensor holding the same values (in the same
     layout or another: a view into heads computes nothing either), no child that computes. Such calls pair
-    only with their namesakes (they would pair with whatever shares their size)."""
-    if any(not is_transparent(child, values, side) for child in node.children):
-        return False
+    only with their namesakes (they would pair with whatever shares their size). ``child_computes`` answers
+    for the children (a cache); by default they are asked the same question."""
     inputs, outputs = node.inputs(), node.outputs()
     if len(inputs) != 1 or len(outputs) != 1 or numel(inputs[0]) != numel(outputs[0]) or numel(inputs[0]) is None:
         return False
     sa, sb = values.stats(inputs[0], side), values.stats(outputs[0], side)
-    return bool(sa) and bool(sb) and same_statistics(sa, sb)  # type: ignore[arg-type]
+    if not (sa and sb and same_statistics(sa, sb)):
+        return False
+    computes = child_computes or (lambda child: not is_transparent(child, values, side))
+    return not any(computes(child) for child in node.children)
 
 
 def tokens(path: str) -> set[str]:

@@ -99,7 +99,8 @@ class TreePairing:
     def _computes(self, node: Node, side: str) -> bool:
         key = id(node)
         if key not in self._transparent:
-            self._transparent[key] = node.phase == "forward" and is_transparent(node, self.values, side)
+            self._transparent[key] = node.phase == "forward" and is_transparent(
+                node, self.values, side, lambda child: self._computes(child, side))
         return not self._transparent[key]
 
     def children(self, node: Node, side: str) -> list[Node]:
@@ -116,13 +117,13 @@ class TreePairing:
             found = _NUMBERED.match(node.relative_path)
             if found and node.call_index == 0 and node.parent is parent:
                 groups.setdefault(found.group(1), []).append(node)
+        repeated = {prefix for prefix, members in groups.items() if _repeats(members)}
         out: list[Item] = []
         placed: set[str] = set()
         for node in nodes:
             found = _NUMBERED.match(node.relative_path)
             prefix = found.group(1) if found else None
-            if prefix is not None and node.call_index == 0 and _repeats(groups.get(prefix, [])) \
-                    and node.parent is parent:
+            if prefix in repeated and node.call_index == 0 and node.parent is parent:
                 if prefix not in placed:
                     placed.add(prefix)
                     out.append(Repeated(prefix, tuple(groups[prefix])))
@@ -135,6 +136,13 @@ class TreePairing:
     def _pair_scope(self, scope: list[tuple[Node, Node]]) -> None:
         self._partner.update({id(a): b for a, b in scope})
         self._partner.update({id(b): a for a, b in scope})
+        named = [self._namesakes(a, b) for a, b in scope]
+        if all(pairs is not None for pairs in named):  # every child has its namesake: nothing to weigh
+            for pairs in named:
+                for x, y, how in pairs or ():
+                    self._add(x, y, how)
+                    self._pair_scope([(x, y)])
+            return
         lines_a = [self._items(self.children(a, "a"), a) for a, _ in scope]
         lines_b = [self._items(self.children(b, "b"), b) for _, b in scope]
         if len(scope) > 1 and not (_same_template(lines_a, scope, 0) and _same_template(lines_b, scope, 1)):
@@ -168,11 +176,11 @@ class TreePairing:
         for j, k, how in matched:
             inner: list[tuple[Node, Node]] = []
             for line_a, line_b in zip(lines_a, lines_b):
-                x, y = line_a[j], line_b[k]
-                if isinstance(x, Repeated) and isinstance(y, Repeated):
-                    inner += _instances(x, y)
-                elif isinstance(x, Node) and isinstance(y, Node):
-                    inner.append((x, y))
+                item_a, item_b = line_a[j], line_b[k]
+                if isinstance(item_a, Repeated) and isinstance(item_b, Repeated):
+                    inner += _instances(item_a, item_b)
+                elif isinstance(item_a, Node) and isinstance(item_b, Node):
+                    inner.append((item_a, item_b))
             for x, y in inner:
                 self._add(x, y, how)
             if inner:
@@ -193,6 +201,23 @@ class TreePairing:
                         else self.values.similarity(found, output)) >= 0.75:
                     return True
         return False
+
+    def _namesakes(self, a: Node, b: Node) -> list[tuple[Node, Node, str]] | None:
+        """The forward children of ``a`` and ``b`` paired by (renamed) path and call index, in order, when every
+        child has its namesake; None otherwise."""
+        if not self.use_names:
+            return None
+        kids_a = [c for c in a.children if c.phase == "forward"]
+        kids_b = [c for c in b.children if c.phase == "forward"]
+        if len(kids_a) != len(kids_b):
+            return None
+        out = []
+        for x, y in zip(kids_a, kids_b):
+            renamed = apply_rename(x.relative_path, self.rules) if self.rules else x.relative_path
+            if renamed != y.relative_path or x.call_index != y.call_index:
+                return None
+            out.append((x, y, "map" if renamed != x.relative_path else "name"))
+        return out
 
     def _add(self, a: Node, b: Node, how: str) -> None:
         self.pairs.append((a, b))
