@@ -62,6 +62,7 @@ class Point:
 class PointDraft(Point):
     __slots__ = ()
     __setattr__ = object.__setattr__
+    __delattr__ = object.__delattr__
     label: str
 
 
@@ -93,10 +94,15 @@ def test_a_draft_class_must_add_nothing_but_settable_fields() -> None:
     class Slotted(Point):
         __slots__ = ("extra",)
         __setattr__ = object.__setattr__
+        __delattr__ = object.__delattr__
 
     class Closed(Point):
         __slots__ = ()
 
-    for cls in (Slotted, Closed):
+    class HalfOpen(Point):  # the frozen __delattr__ would make every store slow
+        __slots__ = ()
+        __setattr__ = object.__setattr__
+
+    for cls in (Slotted, Closed, HalfOpen):
         with pytest.raises(TypeError):
             draft_builder(cls)

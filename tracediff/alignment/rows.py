@@ -33,6 +33,7 @@ class RowDraft(TensorComparison):
 
     __slots__ = ()
     __setattr__ = object.__setattr__
+    __delattr__ = object.__delattr__  # both: then the interpreter stores attributes inline, as on a plain object
 
     # the fields decided after the comparison (the others are as measured); types as in TensorComparison
     tensor_a: str

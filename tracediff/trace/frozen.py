@@ -15,8 +15,8 @@ frozen, from the moment the function returns it.
 
 A value decided in stages (an alignment row: measured, then judged) is built
 as a *draft* instead: an instance of a subclass of the frozen class that adds
-no slots and takes ``object.__setattr__`` back, so the stages set its fields
-at the same inline speed. :func:`draft_builder` builds one the same way,
+no slots and takes ``object.__setattr__`` and ``object.__delattr__`` back, so
+the stages set its fields at the same inline speed. :func:`draft_builder` builds one the same way,
 :func:`freeze` turns drafts into the frozen class in place (no copy), after
 which they refuse every change like any other instance, and :func:`replaced`
 is ``dataclasses.replace`` for either kind at the builders' speed.
@@ -43,13 +43,16 @@ def draft_builder(draft: type[T]) -> Callable[..., T]:
     """A function building ``draft`` from the fields of its frozen base, without ``__init__``.
 
     ``draft`` subclasses one class :func:`frozen_builder` accepts, adds no slots (``__slots__ = ()``) and sets
-    ``__setattr__ = object.__setattr__``; its instances stay open until :func:`freeze`.
+    ``__setattr__ = object.__setattr__`` and ``__delattr__ = object.__delattr__`` (with the frozen class's
+    ``__delattr__`` left in place, every store goes through a Python-level lookup: three times slower); its
+    instances stay open until :func:`freeze`.
     """
     base = draft.__bases__[0]
-    if (len(draft.__bases__) != 1 or vars(draft).get("__slots__") != ()
-            or vars(draft).get("__setattr__") is not object.__setattr__):
-        raise TypeError(f"{draft.__name__}: expected a subclass of one frozen dataclass with __slots__ = () "
-                        "and __setattr__ = object.__setattr__")
+    own = vars(draft)
+    if (len(draft.__bases__) != 1 or own.get("__slots__") != () or own.get("__setattr__") is not object.__setattr__
+            or own.get("__delattr__") is not object.__delattr__):
+        raise TypeError(f"{draft.__name__}: expected a subclass of one frozen dataclass with __slots__ = (), "
+                        "__setattr__ = object.__setattr__ and __delattr__ = object.__delattr__")
     _own_slots(base)
     return _compile(base, draft, None)
 
