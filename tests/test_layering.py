@@ -45,7 +45,8 @@ BASE_MODULES = {"errors", "format", "display", "_version"}
 #: Inside alignment: what each part may import of the others (besides itself).
 ALIGNMENT_PARTS: dict[str, set[str]] = {
     "pairing": {"result"},
-    "verdicts": {"result"},
+    "verdicts": {"result", "rows"},
+    "rows": {"result"},
     "result": set(),
 }
 

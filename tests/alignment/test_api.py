@@ -193,18 +193,18 @@ def test_the_fast_row_builder_builds_the_same_frozen_row_as_the_class() -> None:
         build_row(order=1)  # a field without a default is still required
 
 
-def test_a_row_from_fields_puts_every_value_in_its_own_field() -> None:
-    """``row_from_fields`` passes arguments by position: each field must get its own value, none swapped."""
+def test_a_draft_row_puts_every_value_in_its_own_field() -> None:
+    """``draft_row`` passes arguments by position: each field must get its own value, none swapped."""
     import dataclasses
 
-    from tracediff.alignment.result import row_from_fields
+    from tracediff.alignment.rows import draft_row, freeze_rows
     from tracediff.compare.measurement import Measurement
 
     metrics = {f.name: f"metric {f.name}" for f in dataclasses.fields(Measurement)}  # every field a comparison fills
     who = dict(order=3, module_path_a="A.x", module_path_b="B.x", call_index=1, call_index_b=2, tensor="outputs",
                tensor_a="outputs.0", shape_a=(2, 3), shape_b=(3, 2), dtype_a="torch.float32",
                dtype_b="torch.bfloat16", atol=1e-5, rtol=1e-3, module_type="Linear")
-    row = row_from_fields(*who.values(), Measurement(**metrics))
+    (row,) = freeze_rows([draft_row(*who.values(), Measurement(**metrics))])
     assert row == TensorComparison(**who, **metrics)
     assert row.matched_by == "name" and row.origin is None  # the rest keep their defaults
 
@@ -228,16 +228,46 @@ def test_a_trace_named_twice_is_read_once(traces: TraceStore, monkeypatch: pytes
     assert other.passed and len(read) == 2
 
 
-def test_a_field_setter_sets_one_field_of_a_row_being_built() -> None:
-    from tracediff.alignment.result import row_from_fields, setter
+def test_a_draft_takes_the_later_stages_fields_and_freezes_into_a_row_that_refuses_changes() -> None:
+    import dataclasses
+
+    from tracediff.alignment.result import fill
+    from tracediff.alignment.rows import RowDraft, draft_row, freeze_rows
     from tracediff.compare.measurement import unmeasured
 
-    row = row_from_fields(0, "A.x", "B.x", 0, 0, "outputs", "outputs", (2,), (2,), "torch.float32",
-                          "torch.float32", 1e-5, 1e-3, None, unmeasured("no_data", None, ""))
-    setter("growth")(row, 2.5)
-    assert row.growth == 2.5 and row.origin is None
-    with pytest.raises(AttributeError, match="diverged"):
-        setter("diverged")  # a property, not a field
+    draft = draft_row(0, "A.x", "B.x", 0, 0, "outputs", "outputs", (2,), (2,), "torch.float32",
+                      "torch.float32", 1e-5, 1e-3, None, unmeasured("no_data", None, ""))
+    draft.growth = 2.5
+    assert isinstance(draft, RowDraft) and draft.growth == 2.5 and draft.origin is None
+    copy = fill(draft, origin="introduced")  # a copy of its own class: a draft stays a draft
+    assert type(copy) is RowDraft and copy.origin == "introduced" and draft.origin is None
+    (row,) = freeze_rows([draft])
+    assert row is draft and type(row) is TensorComparison and row.growth == 2.5
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        row.growth = 3.0  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        freeze_rows([row])  # type: ignore[list-item]  # a finished row is never re-opened
+    changed = fill(row, origin="inherited")
+    assert type(changed) is TensorComparison and changed.origin == "inherited" and row.origin is None
+    with pytest.raises(TypeError, match="diverged"):
+        fill(row, diverged=True)  # a property, not a field
+
+
+def test_the_fields_a_draft_may_set_are_fields_of_the_row_with_the_same_types() -> None:
+    from tracediff.alignment.rows import RowDraft
+
+    declared = RowDraft.__annotations__
+    assert declared and all(TensorComparison.__annotations__[name] == kind for name, kind in declared.items())
+
+
+def test_the_rows_align_returns_are_frozen(buggy: Alignment) -> None:
+    import dataclasses
+
+    every = (*buggy.rows, *buggy.sources, *buggy.ignored)
+    assert every and all(type(row) is TensorComparison for row in every)
+    for name in ("status", "origin", "growth", "reason"):
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(buggy.rows[0], name, None)
 
 
 def test_verdict_summary_and_divergences_follow_each_results_own_rows(buggy: Alignment, clean: Alignment) -> None:

@@ -51,14 +51,14 @@ from .ops import annotate_op_rows, pair_ops
 from .pairing.permuted import decide_orders
 from .pairing.plan import plan_pairs
 from .pairing.unrecorded import carry_origin, mark_unrecorded_origin
-from .result import Alignment, Job, TensorComparison, Unmatched, row_from_fields, setter
+from .result import Alignment, Job, TensorComparison, Unmatched
+from .rows import RowDraft, draft_row, freeze_rows
 from .verdicts.apply import check_ignore, judge
 from .verdicts.arguments import diff_arguments
 from .verdicts.noise import DEFAULT_NOISE_FACTOR
 from .verdicts.sources import role
 
 TraceLike = str | Path | Trace
-_set_input_err, _set_amplification, _set_origin = setter("input_err"), setter("amplification"), setter("origin")
 
 _ELEMENT_BYTES = {"float64": 8, "int64": 8, "complex64": 8, "float32": 4, "int32": 4, "float16": 2,
                   "bfloat16": 2, "int16": 2}
@@ -155,35 +155,41 @@ def align(
     jobs.sort(key=lambda job: job[3].order)
 
     tick = _progress(progress, jobs)
-    relaid = bool(plan.how)  # some pair is related by a layout transform (or was paired by map or structure)
 
-    def compare(order: int, tick: Callable[[Any], None] = tick) -> TensorComparison:
+    def compare(order: int, tick: Callable[[Any], None] = tick) -> RowDraft:
         na, ra, nb, rb = jobs[order]
         atol, rtol = policy.resolve((na.relative_path, nb.relative_path), ra.dtype, rb.dtype)
-        measurement = (relaid or bool(plan.how)) and plan.compare(trace_a, ra, trace_b, rb, atol=atol, rtol=rtol) \
+        # a pair related by a layout transform is compared through it (plan.how is empty for most traces)
+        measurement = plan.how and plan.compare(trace_a, ra, trace_b, rb, atol=atol, rtol=rtol) \
             or compare_records(trace_a, ra, trace_b, rb, atol=atol, rtol=rtol)
         tick(rb)
-        return row_from_fields(order, na.module_path, nb.module_path, na.call_index, nb.call_index, rb.slot,
-                               ra.slot, ra.shape, rb.shape, ra.dtype, rb.dtype, atol, rtol,
-                               nb.module_type or na.module_type, measurement)
+        return draft_row(order, na.module_path, nb.module_path, na.call_index, nb.call_index, rb.slot,
+                         ra.slot, ra.shape, rb.shape, ra.dtype, rb.dtype, atol, rtol,
+                         nb.module_type or na.module_type, measurement)
 
+    # each row is a draft (alignment.rows) until every stage below has decided it, then frozen once
     # threads help only where numpy works on payloads; statistics are compared in Python, under the GIL
     with _workers(sum(_record_bytes(ra) + _record_bytes(rb) for _, ra, _, rb in jobs
                       if ra.has_payload and rb.has_payload)) as run:
-        rows = run(compare, range(len(jobs)))
+        drafts: list[RowDraft] = run(compare, range(len(jobs)))
     tick(None)
-    reordered = decide_orders(rows, jobs, trace_a, trace_b, plan.values)  # rotary pairs side by side or in halves
+    reordered = decide_orders(drafts, jobs, trace_a, trace_b, plan.values)  # rotary pairs side by side or in halves
     for i, order in reordered.items():
         plan.how[(id(jobs[i][1]), id(jobs[i][3]))] = ("layout", order)
-    rows = [compare(i, _no_tick) if i in reordered else row for i, row in enumerate(rows)]
-    rows = annotate_op_rows(rows, jobs, op_pairing)
-    rows = plan.annotate(rows, jobs)
-    rows = _with_origins(rows, jobs)
+    drafts = [compare(i, _no_tick) if i in reordered else row for i, row in enumerate(drafts)]
+    annotate_op_rows(drafts, jobs, op_pairing)
+    for i, matched_by, transform, pairing in plan.annotations(jobs):  # how each pair was found
+        row = drafts[i]
+        row.matched_by = matched_by or row.matched_by
+        row.transform = transform
+        row.pairing = pairing
+    _with_origins(drafts, jobs)
     with _workers(2 * sum(_record_bytes(ra) for _, ra, _, _ in jobs if ra.has_payload) if trace_n is not None
                   else 0) as run:
-        verdicts = judge(rows, jobs, trace_a, baseline=trace_n, noise_factor=float(noise_factor),
+        verdicts = judge(drafts, jobs, trace_a, baseline=trace_n, noise_factor=float(noise_factor),
                          ignore=ignore_rules, run=run)
-    del rows
+    rows = freeze_rows(drafts)  # decided: from here on every row is a frozen TensorComparison
+    del drafts
 
     warnings = policy.unused_pattern_warnings(n.relative_path for nodes in (matching.nodes_b, matching.nodes_a)
                                               for n in nodes)
@@ -191,16 +197,17 @@ def align(
         warnings.insert(0, "module paths did not line up; nodes were matched by structure "
                            "(shapes and call order). Check the suggested rename map.")
     warnings[:0] = plan.warnings
-    weak = _weak_first_divergence(verdicts.rows, unmatched_b)
+    kept = [rows[i] for i in verdicts.kept]
+    weak = _weak_first_divergence(kept, unmatched_b)
     if weak:
         warnings.append(weak)
-    marked = mark_unrecorded_origin(verdicts.rows, matching.gaps_a, matching.gaps_b)  # after the origins above
+    marked = mark_unrecorded_origin(kept, matching.gaps_a, matching.gaps_b)  # after the origins above
     return Alignment(
         trace_a=str(trace_a.directory), trace_b=str(trace_b.directory),
         model_a=trace_a.model_name, model_b=trace_b.model_name,
         rows=tuple(marked),
-        sources=carry_origin(verdicts.sources, marked),
-        ignored=verdicts.ignored,
+        sources=carry_origin([rows[i] for i in verdicts.sources], marked),
+        ignored=tuple(rows[i] for i in verdicts.ignored),
         baseline=str(trace_n.directory) if trace_n is not None else None,
         noise_factor=float(noise_factor) if trace_n is not None else None,
         unmatched_a=tuple(unmatched_a), unmatched_b=tuple(unmatched_b),
@@ -245,8 +252,8 @@ def _in_chunks(pool: ThreadPoolExecutor, fn: Callable[[Any], Any], items: list[A
     return [result for run in runs for result in run]
 
 
-def _with_origins(rows: list[TensorComparison], jobs: list[Job]) -> list[TensorComparison]:
-    """Fill input_err, amplification and origin from the rows of what flowed into each call.
+def _with_origins(rows: list[RowDraft], jobs: list[Job]) -> None:
+    """Set input_err, amplification and origin of the drafts from the rows of what flowed into each call.
 
     ``jobs[i]`` is the pair row ``i`` compared: its call in B is the call the row belongs to.
     """
@@ -284,11 +291,10 @@ def _with_origins(rows: list[TensorComparison], jobs: list[Job]) -> list[TensorC
                 origin = "inherited" if earlier_divergence else "between modules"
             earlier_divergence = True
         if input_err is not None:
-            _set_input_err(row, input_err)
-            _set_amplification(row, amplification)
+            row.input_err = input_err
+            row.amplification = amplification
         if origin is not None:
-            _set_origin(row, origin)
-    return rows
+            row.origin = origin
 
 
 def _weak_first_divergence(rows: Iterable[TensorComparison], unmatched_b: list[Unmatched]) -> str | None:

@@ -44,7 +44,8 @@ from ..compare.tolerance import TolerancePolicy
 from ..trace.load import Trace
 from ..trace.model import Node, TensorRecord
 from .pairing.calls import pair_tensors
-from .result import ArgumentDiff, Job, TensorComparison, Unmatched
+from .result import ArgumentDiff, Job, Unmatched
+from .rows import RowDraft
 from .verdicts.arguments import diff_arguments
 
 #: At most this many payload comparisons when pairing one stretch by value (two unrelated op sequences
@@ -184,17 +185,17 @@ def _shape_compatible(ra: TensorRecord, rb: TensorRecord) -> bool:
     return ra.shape == rb.shape or squeezable(ra.shape, rb.shape)
 
 
-def annotate_op_rows(rows: list[TensorComparison], jobs: list[Job], pairing: OpPairing) -> list[TensorComparison]:
-    """Fill ``op``/``op_index`` (and ``matched_by``, ``tensor_a`` for pairs by value) of the rows of op pairs.
+def annotate_op_rows(rows: list[RowDraft], jobs: list[Job], pairing: OpPairing) -> None:
+    """Set ``op``/``op_index`` (and ``matched_by``, ``tensor_a`` for pairs by value) of the drafts of op pairs.
 
-    ``rows[i]`` must be the row of ``jobs[i]``.
+    ``rows[i]`` must be the draft of ``jobs[i]``.
     """
-    out = []
     for row, (op_a, ra, op_b, rb) in zip(rows, jobs):
         if op_b.op is None:
-            out.append(row)
             continue
         if (id(ra), id(rb)) in pairing.by_value:
-            row = replace(row, matched_by="value", pairing="value", tensor_a=f"{op_a.op} #{op_a.op_index} {ra.slot}")
-        out.append(replace(row, op=op_b.op, op_index=op_b.op_index))
-    return out
+            row.matched_by = "value"
+            row.pairing = "value"
+            row.tensor_a = f"{op_a.op} #{op_a.op_index} {ra.slot}"
+        row.op = op_b.op
+        row.op_index = op_b.op_index

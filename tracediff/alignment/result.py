@@ -49,21 +49,19 @@ pairing                the evidence the pair rests on: ``map`` (the user's
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from ..compare.measurement import Measurement
-
 from ..display import renderer_for, short_repr, summary_html
-from ..trace.frozen import frozen_builder
+from ..trace.frozen import frozen_builder, replaced
 from ..trace.model import Node, TensorRecord
 
 FORMAT_VERSION = 1
+R = TypeVar("R", bound="TensorComparison")
 
 #: One tensor pair to compare: A's call and record, then B's (the plan's jobs, in B's call order).
 Job = tuple[Node, TensorRecord, Node, TensorRecord]
@@ -392,47 +390,14 @@ class Alignment:
         }
 
 
-#: Builds a ``TensorComparison`` from the same arguments as the class: ``align`` builds one per compared tensor.
+#: Builds a ``TensorComparison`` from the same arguments as the class, without the frozen ``__init__``'s cost.
 build_row = frozen_builder(TensorComparison)
 
 
-def row_from_fields(order: int, module_path_a: str, module_path_b: str, call_index: int, call_index_b: int,
-                    tensor: str, tensor_a: str, shape_a: tuple[int, ...] | None, shape_b: tuple[int, ...] | None,
-                    dtype_a: str | None, dtype_b: str | None, atol: float, rtol: float, module_type: str | None,
-                    m: Measurement) -> TensorComparison:
-    """A row from who was compared and what comparing them found (a :class:`tracediff.compare.measurement.
-    Measurement`: status, reason and every metric).
+def fill(row: R, **changes: Any) -> R:
+    """A copy of ``row`` with ``changes`` (``dataclasses.replace``, at ``build_row``'s speed); ``row`` never changes.
 
-    Arguments go to ``build_row`` by position, in the order of the class's fields: binding 27 keywords cost
-    more than building the row itself.
+    The copy has the row's own class: a finished row stays frozen, and a draft that ``align`` is still deciding
+    (:class:`tracediff.alignment.rows.RowDraft`) stays a draft. A name that is not a field raises ``TypeError``.
     """
-    return build_row(order, module_path_a, module_path_b, call_index, call_index_b, tensor, tensor_a, shape_a,
-                     shape_b, dtype_a, dtype_b, m.max_abs_err, m.max_rel_err, m.mean_abs_err, m.rms_err, m.cosine,
-                     m.mismatch_fraction, m.nan_mismatch, m.inf_mismatch, atol, rtol, m.required_atol,
-                     m.required_rtol, m.within_tolerance, m.approximate, m.status, m.reason, module_type)
-
-
-def fill(row: TensorComparison, **changes: Any) -> TensorComparison:
-    """Set fields of a row that ``align`` is still building, in place; returns the row.
-
-    Rows are built in stages (comparison, how the pair was matched, origins,
-    growth), and copying every row at each stage cost a large trace more
-    than all its comparisons. A row is frozen from the moment ``align``
-    returns it: use ``dataclasses.replace`` on rows you did not just build.
-    A name that is not a field raises ``AttributeError`` (the row has slots).
-    """
-    for name, value in changes.items():
-        object.__setattr__(row, name, value)
-    return row
-
-
-def setter(name: str) -> Callable[[TensorComparison, Any], None]:
-    """``fill`` for one field, as a plain function ``(row, value)``: for loops over every row of an alignment
-    (the slot's own descriptor, with no keyword arguments to bind and no attribute lookup per call)."""
-    if name not in _FIELD_NAMES:
-        raise AttributeError(f"TensorComparison has no field {name!r}")
-    set_slot: Callable[[TensorComparison, Any], None] = getattr(TensorComparison, name).__set__
-    return set_slot
-
-
-_FIELD_NAMES = frozenset(f.name for f in fields(TensorComparison))
+    return replaced(row, **changes)

@@ -10,6 +10,7 @@ map, structure or layout) and the transform relating it, if any.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from ...compare.measurement import Measurement
@@ -18,7 +19,7 @@ from ...maps.rules import RenameRules, SlotRules
 from ...maps.suggest import suggest_rules
 from ...trace.load import Trace
 from ...trace.model import Node, TensorRecord
-from ..result import Job, TensorComparison, Unmatched, fill
+from ..result import Job, Unmatched
 from .calls import Matching, match_nodes
 from .evidence import Values
 from .layout import Transform, compare_transformed, find_fused, find_relayout
@@ -67,20 +68,17 @@ class Plan:
             return None
         return compare_transformed(trace_a, ra, trace_b, rb, transform, atol=atol, rtol=rtol)
 
-    def annotate(self, rows: list[TensorComparison], jobs: list[Job]) -> list[TensorComparison]:
-        """Set ``matched_by``, ``transform`` and ``pairing`` of rows built from ``jobs`` (same order)."""
-        out = []
-        for row, (_, ra, _, rb) in zip(rows, jobs):
+    def annotations(self, jobs: list[Job]) -> Iterator[tuple[int, str | None, str | None, str]]:
+        """For each job not paired by name as is: its index, ``matched_by`` (None: as the row says),
+        ``transform`` (described) and ``pairing``."""
+        for i, (_, ra, _, rb) in enumerate(jobs):
             key = (id(ra), id(rb))
             method, transform = self.how.get(key, (None, None))
-            evidence = "value" if method == "layout" else self.pairing.get(key, row.pairing)
-            if method is None and evidence == row.pairing:  # paired by name, as is
-                out.append(row)
+            evidence = "value" if method == "layout" else self.pairing.get(key)
+            if method is None and evidence is None:
                 continue
             text = transform.describe(len(ra.shape or ())) if transform is not None else None
-            out.append(fill(row, matched_by=method or row.matched_by, transform=text, pairing=evidence))
-        return out
-
+            yield i, method, text, evidence or "name"
 
 def plan_pairs(trace_a: Trace, trace_b: Trace, rules: RenameRules, *, match: str = "auto",
                slots: SlotRules | None = None) -> Plan:

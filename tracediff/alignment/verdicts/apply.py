@@ -27,7 +27,8 @@ from ...compare.measurement import Measurement
 from ...compare.records import compare_records
 from ...errors import UsageError
 from ...trace.load import Trace
-from ..result import Job, TensorComparison
+from ..result import Job
+from ..rows import RowDraft, add_note
 from .noise import (
     accept_by_relative_norm,
     apply_floor,
@@ -43,9 +44,11 @@ Runner = Callable[[Callable[[int], Any], Iterable[int]], list[Any]]
 
 @dataclass(frozen=True)
 class Verdicts:
-    rows: tuple[TensorComparison, ...]
-    sources: tuple[TensorComparison, ...]
-    ignored: tuple[TensorComparison, ...]
+    """Which rows (indices into the drafts judged) the alignment keeps, lists as sources and sets aside."""
+
+    kept: tuple[int, ...]
+    sources: tuple[int, ...]
+    ignored: tuple[int, ...]
     warnings: tuple[str, ...]
 
 
@@ -74,9 +77,10 @@ def _ignored_by(rules: tuple[tuple[str, str], ...], job: Job) -> str | None:
     return None
 
 
-def judge(rows: Sequence[TensorComparison], jobs: Sequence[Job], trace_a: Trace, *, baseline: Trace | None,
+def judge(rows: Sequence[RowDraft], jobs: Sequence[Job], trace_a: Trace, *, baseline: Trace | None,
           noise_factor: float, ignore: tuple[tuple[str, str], ...], run: Runner) -> Verdicts:
-    """Apply the noise rules, set ignored rows aside and find the sources (``rows[i]`` is ``jobs[i]``'s row)."""
+    """Apply the noise rules, set ignored rows aside and find the sources, deciding the drafts in place
+    (``rows[i]`` is ``jobs[i]``'s row)."""
     warnings: list[str] = []
     if baseline is not None:
         records = baseline_records(baseline)
@@ -89,15 +93,17 @@ def judge(rows: Sequence[TensorComparison], jobs: Sequence[Job], trace_a: Trace,
             return compare_records(trace_a, ra, baseline, rn, atol=rows[index].atol, rtol=rows[index].rtol)
 
         floors = [floor_of(fields) for fields in run(floor_fields, range(len(rows)))]
-        judged = [apply_floor(row, floor, noise_factor) for row, floor in zip(rows, floors)]
+        for row, floor in zip(rows, floors):
+            apply_floor(row, floor, noise_factor)
         missing = sum(floor is None for floor in floors)
         if missing:
             warnings.append(f"{missing} of {len(rows)} compared tensors have no counterpart in the baseline "
                             "(or it could not be measured): they were judged by the ordinary tolerance")
     else:
-        judged = [accept_by_relative_norm(row, job[1]) if row.within_tolerance is False else row  # row.diverged
-                  for row, job in zip(rows, jobs)]
-        warning = dtype_warning(judged)
+        for row, job in zip(rows, jobs):
+            if row.within_tolerance is False:  # row.diverged
+                accept_by_relative_norm(row, job[1])
+        warning = dtype_warning(rows)
         if warning:
             warnings.append(warning)
 
@@ -108,17 +114,15 @@ def judge(rows: Sequence[TensorComparison], jobs: Sequence[Job], trace_a: Trace,
         if label not in used:
             warnings.append(f"--ignore pattern {label!r} matches no compared tensor")
 
-    judged, flags = find_sources(judged, [job[2] for job in jobs], [job[1] for job in jobs],
-                                 noise_factor=noise_factor,
-                                 never_source=[m is not None for m in matched])
-    kept = [row for row, m in zip(judged, matched) if m is None]
-    ignored = [_mark_ignored(row, m) for row, m in zip(judged, matched) if m is not None]
-    sources = [row for row, flag, m in zip(judged, flags, matched) if flag and m is None]
-    return Verdicts(rows=tuple(kept), sources=tuple(sources), ignored=tuple(ignored), warnings=tuple(warnings))
-
-
-def _mark_ignored(row: TensorComparison, pattern: str) -> TensorComparison:
-    from dataclasses import replace
-
-    note = f"ignored (--ignore {pattern})"
-    return replace(row, reason=f"{row.reason}; {note}" if row.reason else note)
+    flags = find_sources(rows, [job[2] for job in jobs], [job[1] for job in jobs], noise_factor=noise_factor,
+                         never_source=[m is not None for m in matched])
+    kept, sources, ignored = [], [], []
+    for index, (row, flag, pattern) in enumerate(zip(rows, flags, matched)):
+        if pattern is not None:
+            add_note(row, f"ignored (--ignore {pattern})")
+            ignored.append(index)
+        else:
+            kept.append(index)
+            if flag:
+                sources.append(index)
+    return Verdicts(kept=tuple(kept), sources=tuple(sources), ignored=tuple(ignored), warnings=tuple(warnings))

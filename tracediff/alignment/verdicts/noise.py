@@ -29,13 +29,13 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Iterable
-from dataclasses import replace
+from collections.abc import Iterable, Sequence
 
 from ...compare.measurement import Measurement
 from ...trace.load import Trace
 from ...trace.model import Node, TensorRecord
 from ..result import TensorComparison
+from ..rows import RowDraft, add_note
 
 DEFAULT_NOISE_FACTOR = 3.0
 """Errors up to 3x the baseline's noise floor are noise (see docs/verdicts.md for the measurements)."""
@@ -63,23 +63,20 @@ def floor_of(measurement: Measurement | None) -> float | None:
     return value
 
 
-def apply_floor(row: TensorComparison, floor: float | None, noise_factor: float) -> TensorComparison:
-    """Fill ``noise_floor``/``noise_ratio`` and accept a row within ``noise_factor`` x the floor."""
+def apply_floor(row: RowDraft, floor: float | None, noise_factor: float) -> None:
+    """Set ``noise_floor``/``noise_ratio`` of a draft and accept it within ``noise_factor`` x the floor."""
     if floor is None:
-        note = "no baseline counterpart: ordinary tolerance applied"
-        return replace(row, reason=_join(row.reason, note))
+        add_note(row, "no baseline counterpart: ordinary tolerance applied")
+        return
     error = row.max_abs_err
     ratio = error / floor if floor > 0 and not math.isnan(error) else None
-    row = replace(row, noise_floor=floor, noise_ratio=ratio)
+    row.noise_floor, row.noise_ratio = floor, ratio
     if floor == 0 and row.diverged:
-        return replace(row, reason=_join(row.reason, "the baseline equals A here (zero floor): "
-                                                     "ordinary tolerance applied"))
-    if row.diverged and ratio is not None and ratio <= noise_factor and not (row.nan_mismatch or row.inf_mismatch):
-        note = f"within {noise_factor:g}x the baseline's noise floor (noise ratio {ratio:.3g})"
-        return replace(row, within_tolerance=True, status="close", reason=note)
-    if row.diverged and ratio is not None:
-        return replace(row, reason=_join(row.reason, f"{ratio:.3g}x the baseline's noise floor {floor:.3g}"))
-    return row
+        add_note(row, "the baseline equals A here (zero floor): ordinary tolerance applied")
+    elif row.diverged and ratio is not None and ratio <= noise_factor and not (row.nan_mismatch or row.inf_mismatch):
+        _accept(row, f"within {noise_factor:g}x the baseline's noise floor (noise ratio {ratio:.3g})")
+    elif row.diverged and ratio is not None:
+        add_note(row, f"{ratio:.3g}x the baseline's noise floor {floor:.3g}")
 
 
 def rms_of(record: TensorRecord) -> float | None:
@@ -91,18 +88,21 @@ def rms_of(record: TensorRecord) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def accept_by_relative_norm(row: TensorComparison, ra: TensorRecord) -> TensorComparison:
-    """The cross-dtype rule without a baseline: ``rms_err <= rtol * rms(a)`` accepts a diverged row."""
+def accept_by_relative_norm(row: RowDraft, ra: TensorRecord) -> None:
+    """The cross-dtype rule without a baseline: ``rms_err <= rtol * rms(a)`` accepts a diverged draft."""
     if not row.diverged or row.dtype_a == row.dtype_b or row.nan_mismatch or row.inf_mismatch:
-        return row
+        return
     if not _is_float(row.dtype_a) or not _is_float(row.dtype_b) or math.isnan(row.rms_err):
-        return row
+        return
     rms = rms_of(ra)
     if rms is None or rms == 0 or row.rms_err > row.rtol * rms:
-        return row
-    note = (f"accepted across dtypes: relative RMS error {row.rms_err / rms:.3g} <= rtol {row.rtol:.3g} "
-            f"({row.mismatch_fraction:.1%} of elements beyond the elementwise tolerance)")
-    return replace(row, within_tolerance=True, status="close", reason=note)
+        return
+    _accept(row, f"accepted across dtypes: relative RMS error {row.rms_err / rms:.3g} <= rtol {row.rtol:.3g} "
+                 f"({row.mismatch_fraction:.1%} of elements beyond the elementwise tolerance)")
+
+
+def _accept(row: RowDraft, reason: str) -> None:
+    row.within_tolerance, row.status, row.reason = True, "close", reason
 
 
 def _is_float(dtype: str | None) -> bool:
@@ -117,7 +117,7 @@ def main_float_dtype(records: Iterable[str | None]) -> str | None:
     return floats.most_common(1)[0][0] if floats else None
 
 
-def dtype_warning(rows: list[TensorComparison]) -> str | None:
+def dtype_warning(rows: Sequence[TensorComparison]) -> str | None:
     """The warning for a cross-dtype comparison without a baseline, or None when the dtypes agree."""
     dtype_a = main_float_dtype(r.dtype_a for r in rows)
     dtype_b = main_float_dtype(r.dtype_b for r in rows)
@@ -128,7 +128,3 @@ def dtype_warning(rows: list[TensorComparison]) -> str | None:
             "so precision noise and a real bug can look alike. For a verdict against noise, capture the "
             f"reference in B's dtype and pass it as the baseline: tracediff capture SPEC --out ref-{short_b} "
             f"--dtype {short_b}; tracediff align A B --baseline ref-{short_b}")
-
-
-def _join(reason: str, note: str) -> str:
-    return f"{reason}; {note}" if reason else note

@@ -34,9 +34,8 @@ from collections.abc import Sequence
 from functools import lru_cache
 
 from ...trace.model import Node, TensorRecord
-from ..result import TensorComparison, fill, setter
-
-_set_growth, _set_origin = setter("growth"), setter("origin")
+from ..result import TensorComparison
+from ..rows import RowDraft, add_note
 
 
 def scale_of(record: TensorRecord) -> float | None:
@@ -84,10 +83,9 @@ def role(slot: str) -> tuple[str, str]:
     return _ROLES.get(slot.partition(".")[0], ("forward", "out"))
 
 
-def find_sources(rows: Sequence[TensorComparison], nodes_b: Sequence[Node], records_a: Sequence[TensorRecord], *,
-                 noise_factor: float, never_source: Sequence[bool] | None = None
-                 ) -> tuple[list[TensorComparison], list[bool]]:
-    """Fill ``growth`` and ``origin`` of every row; returns the rows and which of them are sources.
+def find_sources(rows: Sequence[RowDraft], nodes_b: Sequence[Node], records_a: Sequence[TensorRecord], *,
+                 noise_factor: float, never_source: Sequence[bool] | None = None) -> list[bool]:
+    """Set ``growth`` and ``origin`` of every draft; returns which of them are sources.
 
     ``rows`` are in B's execution order, ``nodes_b[i]`` is row i's call in B
     and ``records_a[i]`` A's record of the pair (its magnitude scales the error, see :func:`excess`);
@@ -110,19 +108,17 @@ def find_sources(rows: Sequence[TensorComparison], nodes_b: Sequence[Node], reco
                                                  not math.isinf(incoming) else 1.0)
             is_source = bool(diverged and not (never_source and never_source[index])
                              and (incoming <= 1.0 or (growth is not None and growth > noise_factor)))
+        row.growth = growth
         if diverged:
-            origin, reason = (_origin(side, phase, node) if is_source else "inherited"), row.reason
-            if is_source and origin == "between modules" and node.parent is not None:
-                reason = _join(reason, _between_note(node))
-            fill(row, growth=growth, origin=origin, reason=reason)
-        else:
-            _set_growth(row, growth)
-            if row.origin is not None:
-                _set_origin(row, None)
+            row.origin = _origin(side, phase, node) if is_source else "inherited"
+            if is_source and row.origin == "between modules" and node.parent is not None:
+                add_note(row, _between_note(node))
+        elif row.origin is not None:
+            row.origin = None
         flags.append(is_source)
         if value is not None:
             _raise_running(running, phase, node, value)
-    return list(rows), flags
+    return flags
 
 
 def _origin(side: str, phase: str, node: Node) -> str:
@@ -151,7 +147,3 @@ def _raise_running(running: dict[tuple[str, int], float], phase: str, node: Node
             return  # every ancestor already holds at least this call's largest excess
         running[key] = value
         current = current.parent
-
-
-def _join(reason: str, note: str) -> str:
-    return f"{reason}; {note}" if reason else note
