@@ -112,3 +112,11 @@ def test_the_json_report_carries_steps_positions_and_logits(generation_traces: T
     assert all(set(row) >= {"pcc", "kl_max", "top1_agreement", "argmax_flips"} for row in report["rows"])
     schema = json.loads((Path(__file__).resolve().parents[2] / "docs" / "schema" / "report.json").read_text())
     jsonschema.Draft202012Validator(schema).validate(report)
+
+
+def test_the_html_report_shows_the_steps_and_the_logits_verdicts(generation_traces: Traces) -> None:
+    result = tracediff.align(generation_traces("gpt2"), generation_traces("gpt2_position_offset"))
+    page = result.to_html()
+    assert '<section id="steps"><h2>Decode steps</h2><p>decode steps: compared 0-4 (A holds 5, B 5); first ' \
+           "diverging step 1 (4 of 5 steps diverge)</p>" in page
+    assert page.count("<td>GPT2LMHeadModel</td><td>outputs.logits</td>") == ports.NEW_TOKENS
