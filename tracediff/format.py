@@ -33,7 +33,7 @@ from .errors import TraceFormatError
 
 #: ``"MAJOR.MINOR"``. A reader refuses a newer MAJOR and ignores what it does not know within a MAJOR.
 #: Traces of tracediff 0.1 carry the integer ``1``, read as ``"1.0"``.
-FORMAT_VERSION = "1.1"
+FORMAT_VERSION = "1.2"
 
 # --- files --------------------------------------------------------------------------------------------------
 
@@ -169,6 +169,13 @@ ARGS = "args"
 KWARGS = "kwargs"
 #: On the root node: later top-level calls of the model (tracediff only).
 SUBSEQUENT_CALLS = "subsequent_calls"
+#: On a top-level call made by ``generate``: its decode step (0 the prefill, k the pass reading the k-th new token).
+STEP = "step"
+#: The ``options`` key of a capture's decode steps: ``{"selected": [...] | null, "recorded": n, "full": [...]}``.
+STEPS_OPTION = "steps"
+STEPS_SELECTED = "selected"
+STEPS_RECORDED = "recorded"
+STEPS_FULL = "full"
 #: On the root node: backward nodes in the order their gradients arrived (tracediff only).
 BACKWARD = "backward"
 GRAD_OUTPUTS = "grad_outputs"

@@ -35,7 +35,7 @@ from __future__ import annotations
 import math
 import os
 import sys
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
@@ -47,6 +47,8 @@ from ..errors import UsageError
 from ..maps.rules import _UNSET, MapSpec, map_argument, read_map
 from ..trace.load import Trace, load_trace
 from ..trace.model import Node, TensorRecord
+from .decode_steps import restrict_steps, set_steps, step_count, summarize_steps
+from .lm_verdicts import annotate_rows, check_logits_patterns
 from .ops import annotate_op_rows, pair_ops
 from .pairing.permuted import decide_orders
 from .pairing.plan import plan_pairs
@@ -97,6 +99,8 @@ def align(
     match: str = "auto",
     allow_incomplete: bool = False,
     rename: MapSpec = _UNSET,
+    step: int | None = None,
+    logits: str | Sequence[str] | None = None,
 ) -> Alignment:
     """Compare trace ``b`` against the reference trace ``a``.
 
@@ -134,6 +138,14 @@ def align(
             (``incomplete_a``/``incomplete_b`` say why). ``True`` judges only
             the tensors both traces hold. Default False.
         rename: the name of ``map`` until 0.2; deprecated (``DeprecationWarning``), removed in 0.4.
+        step: generation traces only: compare decode step ``step`` alone
+            (UsageError when a trace lacks it). Default: every step both
+            traces hold, step k against step k (a warning says when their
+            counts differ); ``Alignment.steps`` names the first diverging
+            step. See :mod:`tracediff.alignment.decode_steps`.
+        logits: module-path globs whose outputs are logits (``"lm_head"``),
+            judged by KL, top-k agreement and argmax flips besides the root's
+            ``outputs.logits``; see :mod:`tracediff.alignment.lm_verdicts`.
 
     Returns:
         An ``Alignment``: truthy when every compared tensor is within tolerance.
@@ -141,7 +153,10 @@ def align(
     if not (isinstance(noise_factor, (int, float)) and noise_factor >= 1):
         raise UsageError(f"noise_factor={noise_factor!r}: expected a number >= 1")
     ignore_rules = check_ignore(ignore)
+    logits_patterns = check_logits_patterns(logits)
     trace_a, trace_b, trace_n = _load_sides(a, b, baseline)
+    step_counts = (step_count(trace_a), step_count(trace_b))
+    trace_a, trace_b, step_note = restrict_steps(trace_a, trace_b, step)
     rename_map = read_map(map_argument(map, rename))
     rules = list(rename_map.rename)
     policy = TolerancePolicy(atol=atol, rtol=rtol)
@@ -188,6 +203,8 @@ def align(
                   else 0) as run:
         verdicts = judge(drafts, jobs, trace_a, baseline=trace_n, noise_factor=float(noise_factor),
                          ignore=ignore_rules, run=run)
+    set_steps(drafts, trace_b)
+    logits_verdicts = annotate_rows(drafts, jobs, trace_a, trace_b, logits=logits_patterns)
     rows = freeze_rows(drafts)  # decided: from here on every row is a frozen TensorComparison
     del drafts
 
@@ -197,11 +214,14 @@ def align(
         warnings.insert(0, "module paths did not line up; nodes were matched by structure "
                            "(shapes and call order). Check the suggested rename map.")
     warnings[:0] = plan.warnings
+    if step_note:
+        warnings.insert(0, step_note)
     kept = [rows[i] for i in verdicts.kept]
     weak = _weak_first_divergence(kept, unmatched_b)
     if weak:
         warnings.append(weak)
     marked = mark_unrecorded_origin(kept, matching.gaps_a, matching.gaps_b)  # after the origins above
+    steps = summarize_steps(marked, trace_a, trace_b, selected=step, note=step_note, counts=step_counts)
     return Alignment(
         trace_a=str(trace_a.directory), trace_b=str(trace_b.directory),
         model_a=trace_a.model_name, model_b=trace_b.model_name,
@@ -220,6 +240,7 @@ def align(
         incomplete_a=trace_a.incomplete_reason, incomplete_b=trace_b.incomplete_reason,
         allow_incomplete=bool(allow_incomplete),
         importer_a=trace_a.importer, importer_b=trace_b.importer,
+        steps=steps, logits=logits_verdicts,
     )
 
 

@@ -44,6 +44,18 @@ pairing                the evidence the pair rests on: ``map`` (the user's
                        rename map), ``value`` (the values agree, or a layout
                        was verified on them), ``name`` or ``shape`` (sizes
                        alone; see docs/matching.md)
+step                   the decode step of B's call (generation traces, see
+                       :mod:`tracediff.alignment.decode_steps`), else None
+position               for a row out of tolerance with a sequence dimension:
+                       the first token position holding an element beyond
+                       tolerance (absolute in the generated sequence)
+positions_beyond       how many positions do (0 for a row within tolerance;
+                       None: not known)
+pcc                    Pearson correlation of the pair's elements (payloads)
+kl_max ... flip_margin logits rows: the largest KL per position, top-1/5/10
+                       agreement, argmax flips and the reference's top-2
+                       margin at the first flip (see
+                       :mod:`tracediff.alignment.lm_verdicts`)
 =====================  ========================================================
 """
 
@@ -55,6 +67,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:
     import pandas as pd
+
+    from .decode_steps import StepAlignment
+    from .lm_verdicts import LogitsVerdict
 
 from ..display import renderer_for, short_repr, summary_html
 from ..trace.frozen import frozen_builder, replaced
@@ -121,6 +136,17 @@ class TensorComparison:
     op_index: int | None = None
     # the evidence the pair was made on, strongest first: map, value, name, shape (docs/matching.md)
     pairing: str = "name"
+    # generation and language-model verdicts (alignment/decode_steps.py, alignment/lm_verdicts.py)
+    step: int | None = None
+    position: int | None = None
+    positions_beyond: int | None = None
+    pcc: float | None = None
+    kl_max: float | None = None
+    top1_agreement: float | None = None
+    top5_agreement: float | None = None
+    top10_agreement: float | None = None
+    argmax_flips: int | None = None
+    flip_margin: float | None = None
 
     @property
     def call_index_a(self) -> int:
@@ -162,6 +188,9 @@ class TensorComparison:
         where = self.module_path_b if self.module_path_a == self.module_path_b else \
             f"{self.module_path_a} ~ {self.module_path_b}"
         call = f" (call {self.call_index})" if self.call_index else ""
+        if self.step is not None:
+            at = f", position {self.position}" if self.position is not None else ""
+            call = f" (step {self.step}{at})"
         if self.op is not None:  # an op row: "torch.Tensor.mul #7 inside model.layers.1.self_attn"
             where = f"{self.op} #{self.op_index} inside {where}"
         if self.status in ("shape_mismatch", "unreadable", "no_data"):
@@ -254,6 +283,8 @@ class Alignment:
     noise_factor: float | None = None  # the factor applied to the baseline's noise floor (None: no baseline)
     importer_a: str | None = None  # the kind of dump trace A was imported from (tracediff import), None: a capture
     importer_b: str | None = None
+    steps: StepAlignment | None = None  # generation traces: the decode steps compared and the first diverging one
+    logits: tuple[LogitsVerdict, ...] = ()  # next-token verdicts of the logits rows
 
     @property
     def passed(self) -> bool:
@@ -387,6 +418,8 @@ class Alignment:
             "noise_factor": self.noise_factor,
             "importer_a": self.importer_a,
             "importer_b": self.importer_b,
+            "steps": self.steps.to_dict() if self.steps is not None else None,
+            "logits": [verdict.to_dict() for verdict in self.logits],
         }
 
 

@@ -51,6 +51,16 @@ class RowDraft(TensorComparison):
     pairing: str
     op: str | None
     op_index: int | None
+    step: int | None
+    position: int | None
+    positions_beyond: int | None
+    pcc: float | None
+    kl_max: float | None
+    top1_agreement: float | None
+    top5_agreement: float | None
+    top10_agreement: float | None
+    argmax_flips: int | None
+    flip_margin: float | None
 
 
 _build_draft = draft_builder(RowDraft)

@@ -85,6 +85,10 @@ class Encoder:
             raise
         return encoded
 
+    def forget_seen(self) -> None:
+        """Encode tensors seen so far anew from here on (a new decode step: its payloads are kept or not apart)."""
+        self._seen.clear()
+
     def _encode(self, value: Any, name: str) -> Any:
         if isinstance(value, torch.Tensor):
             return self._tensor(value, name)

@@ -53,6 +53,7 @@ from ._patch import ForwardPatch
 from ._tree import prune_intermediate_layers, trace_file_names
 from .backward import BackwardRecorder
 from .compat import sanitize_repr
+from .decode_steps import StepTracker, parse_steps
 from .distributed import current_rank, world_size
 from .encode import Encoder, TensorMode
 from .journal import Journal, claim_folder, held_claim
@@ -112,6 +113,7 @@ class _NativeRecorder:
         self.root_call: tuple[tuple[Any, ...], dict[str, Any], Any, Any] | None = None
         self._rng_at_root: Any = None
         self.journal: Journal | None = None  # calls started and finished, for a process that dies (journal.py)
+        self.steps: StepTracker | None = None  # the decode step of each top-level call made by generate
 
     def enter(self, module: nn.Module, path: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         call_index = self.counts[path]
@@ -119,6 +121,8 @@ class _NativeRecorder:
         node = fmt.node_entry(path, module_type=type(module).__name__, call_index=call_index)
         if path == self.model_name and self.root_call is None:
             self._rng_at_root = _rng_state()
+        if not self.stack and self.steps is not None:
+            self.steps.begin(node)
         prefix = fmt.call_prefix(path, call_index)
         # Encode each argument on its own so that ``inputs`` is always {"args": [...], "kwargs": {...}},
         # even when every argument is a plain Python value.
@@ -167,6 +171,11 @@ class _NativeRecorder:
         except Exception as e:  # noqa: BLE001 - capture must never break the user's forward
             self.failure = TracediffError(f"{name}: could not record value: {type(e).__name__}: {e}")
             return None
+
+    def stopped(self, error: TracediffError) -> None:
+        """Recording failed outside a hook (a held payload could not be written): keep the first reason."""
+        if self.failure is None:
+            self.failure = error
 
     def op_recorded(self, node: dict[str, Any], call: dict[str, Any]) -> None:
         """An op node was added as the last child of ``call`` (op-level capture): journal it."""
@@ -242,6 +251,7 @@ def capture(
     ops_min_numel: int = 0,
     writers: int | None = None,
     pool_mb: int = DEFAULT_POOL_MB,
+    steps: str | Sequence[int] | None = None,
 ) -> Iterator[CaptureSession]:
     """Record every module call of ``model`` made inside the block into ``out_dir``.
 
@@ -283,6 +293,12 @@ def capture(
         pool_mb: host memory for payloads waiting for a writer, in MiB
             (default 256). The forward waits when it is full; a tensor larger
             than the pool is written directly.
+        steps: the decode steps of ``model.generate(...)`` whose tensors are
+            written in full (``[0, 1, -1]`` or ``"0,1,-1"``; negative: from
+            the last step); the others keep statistics only. Default None:
+            every step in full. Every top-level call made by ``generate`` is
+            numbered (``step``) either way. See
+            :mod:`tracediff.capturing.decode_steps`.
 
     Yields:
         A ``CaptureSession``, complete once the block exits.
@@ -295,6 +311,7 @@ def capture(
     if tensors not in _TENSOR_MODES:
         raise UsageError(f"tensors={tensors!r}: expected one of {', '.join(_TENSOR_MODES)}")
     check_pipeline_options(writers, pool_mb)
+    selected_steps = parse_steps(steps)
     op_selection = select_ops(model, ops, exclude=ops_exclude, inside=ops_in, min_numel=ops_min_numel)
     rank, world = current_rank(), world_size()
     recording = ranks == "all" or ranks == rank
@@ -321,6 +338,7 @@ def capture(
     bar = _progress_bar(progress)
     recorder = _NativeRecorder(model, encoder, bar)
     recorder.journal = Journal(folder)
+    recorder.steps = StepTracker(model, encoder, selected_steps, fail=recorder.stopped)
     op_recorder = op_capture(recorder, op_selection)
     patch = ForwardPatch(model, op_recorder or recorder, root_name=recorder.model_name)
     recorder.backward = BackwardRecorder(model, recorder.model_name, recorder._encode, recorder.counts,
@@ -338,6 +356,7 @@ def capture(
         warnings.filterwarnings("ignore", message="For backward hooks to be called")
         warnings.filterwarnings("ignore", message="Full backward hook is firing")
     try:
+        recorder.steps.install()
         if op_recorder is not None:
             op_recorder.start()
         with termination_as_interrupt():  # SIGTERM/SIGHUP end the forward as Ctrl-C does: partial trace kept
@@ -350,6 +369,8 @@ def capture(
             op_recorder.stop()
             session.ops = op_recorder.recorded
         patch.restore()
+        recorder.steps.restore()
+        options[fmt.STEPS_OPTION] = recorder.steps.options
         if backward:
             quiet.__exit__(None, None, None)
         if recorder.backward is not None:

@@ -21,16 +21,17 @@ import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
 
-from ..errors import CaptureSpecError, InputsFileError, OutputDirError
+from ..errors import CaptureSpecError, InputsFileError, OutputDirError, UsageError
 from ..files.atomic import check_out_dir, ensure_writable_dir
 from ..files.confine import check_regular_file
 from ..files.payloads import read_tensor_file
 from .conditions import parse_device, parse_dtype, to_conditions
+from .decode_steps import parse_steps
 from .journal import claim_folder
 from .pipeline import DEFAULT_POOL_MB
 from .session import CaptureSession, capture
@@ -233,6 +234,9 @@ def capture_spec(
     on_note: Callable[[str], None] | None = None,
     writers: int | None = None,
     pool_mb: int = DEFAULT_POOL_MB,
+    generate: bool = False,
+    max_new_tokens: int | None = None,
+    steps: str | Sequence[int] | None = None,
 ) -> CaptureSession:
     """Load a SPEC, optionally replace its inputs, and capture one forward under ``torch.no_grad()``.
 
@@ -254,15 +258,30 @@ def capture_spec(
 
     ``writers`` and ``pool_mb`` are ``capture``'s (the payload pipeline).
 
+    ``generate=True`` runs ``model.generate(*args, **kwargs)`` instead of the
+    forward (with ``max_new_tokens`` when given), and each forward pass is
+    recorded as a decode step; ``steps`` selects the steps written in full
+    (see :mod:`tracediff.capturing.decode_steps`). Default: one forward.
+
     The output folder is checked before the model is built, and an earlier
     trace in it is replaced only once the model and its inputs are ready.
     """
     check_out_dir(Path(out_dir), overwrite=overwrite)
+    if not generate and (steps is not None or max_new_tokens is not None):
+        raise UsageError("steps and max_new_tokens concern the forward passes of model.generate: add generate=True "
+                         "(--generate)")
+    if max_new_tokens is not None and (type(max_new_tokens) is not int or max_new_tokens < 1):
+        raise UsageError(f"max_new_tokens={max_new_tokens!r}: expected a number of tokens, 1 or more")
+    if generate and backward:
+        raise UsageError("generate and backward cannot be combined: capture a forward with backward")
+    parse_steps(steps)
     parse_dtype(dtype), parse_device(device)  # a bad --dtype/--device fails before the model is built
     # Taken now, held until the capture ends: a second capture into the folder meanwhile is refused.
     claim = claim_folder(Path(out_dir), overwrite=overwrite)
     try:
         model, example = load_spec(spec)
+        if generate and not callable(getattr(model, "generate", None)):
+            raise CaptureSpecError(f"{spec}: the model ({type(model).__name__}) has no generate method")
         args, kwargs = (load_inputs(inputs, example, inputs_map=inputs_map, on_note=on_note)
                         if inputs is not None else example)
         if save_inputs_to is not None:
@@ -277,8 +296,13 @@ def capture_spec(
         with grad_mode, capture(model, out_dir, tensors=tensors, overwrite=overwrite,  # type: ignore[arg-type]
                                 verify=verify, prune_layers=prune_layers, backward=backward,
                                 progress=progress, ops=ops, ops_exclude=ops_exclude, ops_in=ops_in,
-                                ops_min_numel=ops_min_numel, writers=writers, pool_mb=pool_mb) as session:
-            output = model(*args, **kwargs)
+                                ops_min_numel=ops_min_numel, writers=writers, pool_mb=pool_mb,
+                                steps=steps) as session:
+            if generate:
+                extra = {"max_new_tokens": max_new_tokens} if max_new_tokens is not None else {}
+                output = cast(Any, model).generate(*args, **kwargs, **extra)
+            else:
+                output = model(*args, **kwargs)
             if backward:
                 _scalar_loss(spec, output).backward()
     except CaptureSpecError:

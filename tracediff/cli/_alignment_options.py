@@ -33,6 +33,12 @@ def add_alignment_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ignore", action="append", metavar="PATTERN",
                         help="set aside tensors on purpose: PATH, PATH:SLOT or :SLOT globs, e.g. 'rotary_emb' or "
                              "':inputs.kwargs.position_ids' (repeatable); listed as ignored")
+    parser.add_argument("--step", type=int, metavar="K",
+                        help="generation traces: compare decode step K alone (0: the prefill); default: every step "
+                             "both traces hold, step k against step k")
+    parser.add_argument("--logits", action="append", metavar="PATTERN",
+                        help="module-path glob whose outputs are logits (repeatable), judged by KL, top-k agreement "
+                             "and argmax flips like the model's outputs.logits, e.g. 'lm_head'")
     parser.add_argument("--allow-incomplete", action="store_true",
                         help="judge only what both traces hold when one is incomplete (its forward raised, or its "
                              "capture was interrupted or killed); without it an incomplete trace exits 1")
@@ -54,7 +60,8 @@ def run_alignment(args: argparse.Namespace, command: str) -> Alignment:
 def _verdict_options(args: argparse.Namespace) -> dict[str, Any]:
     """``baseline``, ``noise_factor`` and ``ignore`` as given; the library's defaults otherwise."""
     options: dict[str, Any] = {"baseline": args.baseline, "ignore": args.ignore,
-                                  "allow_incomplete": getattr(args, "allow_incomplete", False)}
+                                  "allow_incomplete": getattr(args, "allow_incomplete", False),
+                                  "step": getattr(args, "step", None), "logits": getattr(args, "logits", None)}
     if args.noise_factor is not None:
         options["noise_factor"] = args.noise_factor
     return options

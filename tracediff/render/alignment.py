@@ -92,6 +92,7 @@ def headline(result: Alignment) -> list[str]:
     if verdict:
         lines.append(verdict)
     lines += incomplete_lines(result)
+    lines += step_lines(result)
     first = result.first_divergence
     if first is None:
         unreadable = len(result.unreadable)
@@ -111,6 +112,36 @@ def headline(result: Alignment) -> list[str]:
         if backward is not None and backward is not first:
             lines.append(f"FIRST GRADIENT DIVERGENCE ({backward.origin}): {backward.describe()}")
     return lines
+
+
+def step_lines(result: Alignment) -> list[str]:
+    """The decode steps compared and the first diverging one, then the next-token verdicts that differ."""
+    steps = result.steps
+    if steps is None:
+        return []
+    compared = f"{steps.compared[0]}-{steps.compared[-1]}" if len(steps.compared) > 1 else \
+        ", ".join(str(s) for s in steps.compared) or "none"
+    lines = [f"decode steps: compared {compared} (A holds {steps.steps_a}, B {steps.steps_b})"
+             + (f"; first diverging step {steps.first_diverging_step} ({len(steps.diverged)} of "
+                f"{len(steps.compared)} steps diverge)" if steps.first_diverging_step is not None
+                else "; every step within tolerance")]
+    for verdict in result.logits:
+        if verdict.flips or max(verdict.kl, default=0.0) > 0:
+            lines.append("  " + logits_line(verdict))
+    return lines
+
+
+def logits_line(verdict: Any) -> str:
+    """One logits verdict: KL, top-k agreement, and the first argmax flip with its margin."""
+    where = f"step {verdict.step}" if verdict.step is not None else verdict.module_path_b
+    agreement = ", ".join(f"top-{k} {v:.2f}" for k, v in verdict.topk_agreement.items())
+    text = f"{where} {verdict.tensor}: KL max {max(verdict.kl, default=0.0):.3g}; {agreement}"
+    if verdict.flips:
+        flip = verdict.flips[0]
+        benign = {True: ", benign: within the noise floor", False: ", beyond the noise floor", None: ""}[flip.benign]
+        text += (f"; {len(verdict.flips)} argmax flip(s), first at position {flip.position}: {flip.token_a} -> "
+                 f"{flip.token_b} (reference margin {flip.margin:.3g}{benign})")
+    return text
 
 
 def _window(result: Alignment, all_rows: bool, context: int, focus: int = 0) -> list[TensorComparison]:

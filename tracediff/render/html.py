@@ -32,6 +32,7 @@ from typing import Any
 
 from .._version import __version__
 from ..alignment.result import TABLE_COLUMNS, Alignment, TensorComparison
+from .alignment import step_lines
 from .verdicts import baseline_line, origin_note
 
 _LIST_LIMIT = 1000
@@ -67,6 +68,7 @@ def render_html(result: Alignment, *, title: str | None = None) -> str:
         '<span><span class="dot sev3"></span>out of tolerance</span></div>'
         '<div id="plot-area" class="plot"></div>'
         "<noscript><p class=\"warn\">The plot and the table need JavaScript.</p></noscript></section>",
+        _steps_section(result),
         _tree_section(result, first),
         _table_section(),
         _lists_section(result),
@@ -362,6 +364,21 @@ def _list_table(headers: list[str], rows: list[list[Any]]) -> str:
     more = f'<p class="muted">{len(rows) - _LIST_LIMIT} more not shown.</p>' if len(rows) > _LIST_LIMIT else ""
     return f'<div class="table-wrap"><table class="list"><thead><tr>{head}</tr></thead><tbody>{body}</tbody>' \
            f"</table></div>{more}"
+
+
+def _steps_section(result: Alignment) -> str:
+    """Generation traces: the decode steps compared, the first diverging one, and each logits verdict."""
+    if result.steps is None:
+        return ""
+    rows = [[v.step, v.module_path_b, v.tensor, _num(max(v.kl, default=0.0)),
+             ", ".join(f"top-{k} {a:.2f}" for k, a in v.topk_agreement.items()), len(v.flips),
+             "; ".join(f"position {f.position}: {f.token_a} -> {f.token_b} (margin {f.margin:.3g}"
+                       + {True: ", benign)", False: ", beyond noise)", None: ")"}[f.benign] for f in v.flips[:3])]
+            for v in result.logits]
+    return ('<section id="steps"><h2>Decode steps</h2>'
+            + "".join(f"<p>{_e(line.strip())}</p>" for line in step_lines(result)[:1])
+            + _list_table(["step", "module (B)", "tensor", "KL max", "top-k agreement", "argmax flips",
+                           "first flips"], rows) + "</section>")
 
 
 def _lists_section(result: Alignment) -> str:

@@ -53,6 +53,8 @@ class Trace:
     roots: list[Node]
     metadata: dict[str, Any] = field(default_factory=dict)
     backward: list[Node] = field(default_factory=list)
+    #: The decode step of each of ``roots`` (``step`` of a top-level call made by ``generate``), None for others.
+    root_steps: list[int | None] = field(default_factory=list)
 
     @property
     def model_name(self) -> str:
@@ -156,11 +158,13 @@ def load_trace(path: str | Path) -> Trace:
         roots = [builder.node(tree, None, 0, "the top")]
         for call in later:
             roots.append(builder.node(call, None, 0, "the top"))
+        steps = [builder.check.step(call) for call in [tree, *later]]
         backward = builder.backward(backward_entries)
     except RecursionError:
         raise TraceFormatError(f"{json_path}: the call tree nests too deeply to be read; refused") from None
     del tree, later, backward_entries
-    trace = Trace(directory=directory, json_path=json_path, roots=roots, metadata=metadata, backward=backward)
+    trace = Trace(directory=directory, json_path=json_path, roots=roots, metadata=metadata, backward=backward,
+                  root_steps=steps)
     if trace.producer == "transformers":
         _mark_overwritten_payloads(trace)
     return trace

@@ -82,6 +82,13 @@ class TreeChecker:
             raise TraceFormatError(f"{self.json_path}: 'children' of {node[fmt.MODULE_PATH]} is not a list")
         return children
 
+    def step(self, node: dict[str, Any]) -> int | None:
+        """The decode step of a top-level call (``step``), None when it has none; refused unless a count."""
+        step = node.get(fmt.STEP)
+        if step is not None and not (type(step) is int and 0 <= step < _MAX_CALL_INDEX):
+            raise self.fail(node[fmt.MODULE_PATH], f"'step' is {step!r:.40}; expected a whole number, 0 or more")
+        return step
+
     def backward_entry(self, i: int, entry: Any) -> None:
         """Check backward entry ``i`` (its own fields; its tensors are checked as they are read)."""
         if not isinstance(entry, dict) or not isinstance(entry.get(fmt.MODULE_PATH), str):

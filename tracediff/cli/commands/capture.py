@@ -42,6 +42,13 @@ def register(sub: Any) -> None:
     p.add_argument("--overwrite", action="store_true", help="replace a trace already in DIR")
     p.add_argument("--verify", action="store_true",
                    help="also run without capture and check the outputs are bit-identical (exit 1 if not)")
+    p.add_argument("--generate", action="store_true",
+                   help="run model.generate(**inputs) instead of one forward; each forward pass is recorded as a "
+                        "decode step (0: the prefill, k: the pass reading the k-th new token)")
+    p.add_argument("--max-new-tokens", type=int, metavar="N", help="with --generate: tokens to generate")
+    p.add_argument("--steps", metavar="LIST",
+                   help="with --generate: the decode steps whose tensors are written in full, e.g. 0,1,-1 (negative: "
+                        "from the last); the others keep statistics only (default: every step in full)")
     add_ops_options(p)
     p.add_argument("--dtype", metavar="DTYPE",
                    help="cast the model and its floating inputs first (bfloat16, float16, float32, float64): "
@@ -64,10 +71,13 @@ def run(args: argparse.Namespace) -> int:
                            prune_layers=args.prune_layers, backward=args.backward, progress=True,
                            dtype=args.dtype, device=args.device, inputs_map=parse_inputs_map(args.inputs_map),
                            on_note=lambda note: print(f"tracediff capture: {note}"), writers=args.writers,
-                           pool_mb=args.pool_mb, **ops_kwargs(args))
+                           pool_mb=args.pool_mb, generate=args.generate, max_new_tokens=args.max_new_tokens,
+                           steps=args.steps, **ops_kwargs(args))
     size = session.payload_bytes / 1e6
     ops = f" and {session.ops} ops" if session.ops else ""
-    print(f"captured {session.calls} module calls{ops} into {session.trace_dir} "
+    steps = session.metadata.get("options", {}).get("steps")
+    recorded = f" in {steps['recorded']} decode steps ({len(steps['full'])} in full)" if steps else ""
+    print(f"captured {session.calls} module calls{ops}{recorded} into {session.trace_dir} "
           f"({session.files} payload files, {size:.1f} MB)")
     if session.verification is not None:
         v = session.verification

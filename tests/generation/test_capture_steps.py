@@ -1,0 +1,126 @@
+"""Capturing ``model.generate``: every forward pass is a numbered decode step; ``steps=`` keeps some in full."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import tracediff
+from tracediff import format as fmt
+from tracediff.cli.main import main
+from tracediff.errors import TraceFormatError, UsageError
+
+from . import ports
+from .conftest import capture_generation
+
+
+def _tree(folder: Path) -> dict:
+    return json.loads(next(folder.glob(f"*{fmt.FULL_SUFFIX}")).read_text())
+
+
+def _roots(folder: Path) -> list[dict]:
+    tree = _tree(folder)
+    return [tree, *tree.get(fmt.SUBSEQUENT_CALLS, [])]
+
+
+def test_generate_numbers_its_forward_passes_from_the_prefill(tmp_path: Path) -> None:
+    model = ports.llama()
+    session = capture_generation(model, tmp_path / "t")
+    roots = _roots(tmp_path / "t")
+    assert [root[fmt.STEP] for root in roots] == list(range(ports.NEW_TOKENS))
+    lengths = [root["inputs"]["kwargs"]["input_ids"]["shape"] for root in roots]
+    assert lengths == ["torch.Size([1, 6])"] + ["torch.Size([1, 1])"] * (ports.NEW_TOKENS - 1)
+    assert session.metadata["options"]["steps"] == {"selected": None, "recorded": 5, "full": [0, 1, 2, 3, 4]}
+    assert tracediff.load_trace(tmp_path / "t").root_steps == [0, 1, 2, 3, 4]
+    assert "generate" not in model.__dict__  # the wrapper is gone
+
+
+def test_a_forward_outside_generate_has_no_step(tmp_path: Path) -> None:
+    model = ports.llama()
+    with torch.no_grad(), tracediff.capture(model, tmp_path / "t") as session:
+        model(ports.prompt())
+    assert fmt.STEP not in _tree(tmp_path / "t")
+    assert session.metadata["options"]["steps"] is None
+
+
+@pytest.mark.parametrize(("steps", "full"), [([0, -1], [0, 4]), ("1,-2", [1, 3]), ([-1], [4]), ([2, 9], [2])])
+def test_steps_keeps_full_tensors_only_for_the_selected_steps(tmp_path: Path, steps: object, full: list[int]) -> None:
+    session = capture_generation(ports.llama(), tmp_path / "t", steps=steps)
+    roots = _roots(tmp_path / "t")
+    with_payloads = [root[fmt.STEP] for root in roots if fmt.VALUE in root["outputs"]["logits"]]
+    assert with_payloads == full
+    assert all("stats" in root["outputs"]["logits"] for root in roots)  # the others keep their statistics
+    assert session.metadata["options"]["steps"]["full"] == full
+    referenced = {entry for root in roots for entry in _values(root)}
+    written = {path.name for path in (tmp_path / "t").glob("*.safetensors")}
+    assert referenced == written and session.files == len(written)  # no payload left over, none missing
+
+
+def _values(node: object) -> list[str]:
+    if isinstance(node, dict):
+        if fmt.is_tensor_entry(node):
+            return [node[fmt.VALUE][2:]] if isinstance(node.get(fmt.VALUE), str) else []
+        return [v for key, item in node.items() if key != fmt.SUBSEQUENT_CALLS for v in _values(item)]
+    if isinstance(node, list):
+        return [v for item in node for v in _values(item)]
+    return []
+
+
+def test_a_selected_step_reads_back_like_a_full_capture(tmp_path: Path) -> None:
+    capture_generation(ports.llama(), tmp_path / "all")
+    capture_generation(ports.llama(), tmp_path / "some", steps=[0, -1])
+    result = tracediff.align(tmp_path / "all", tmp_path / "some")
+    assert result.passed
+    exact = {row.step for row in result.rows if not row.approximate and row.status == "identical"}
+    approximate = {row.step for row in result.rows if row.approximate}
+    assert {0, 4} <= exact and approximate == {1, 2, 3}
+
+
+@pytest.mark.parametrize("steps", ["0,x", "", [0.5]])
+def test_a_bad_step_selection_is_a_usage_error(tmp_path: Path, steps: object) -> None:
+    with pytest.raises(UsageError, match="expected"):
+        capture_generation(ports.llama(), tmp_path / "t", steps=steps)
+    assert not (tmp_path / "t").exists()
+
+
+def test_a_step_that_is_not_a_count_is_refused_in_one_line(tmp_path: Path) -> None:
+    capture_generation(ports.llama(), tmp_path / "t")
+    path = next((tmp_path / "t").glob(f"*{fmt.FULL_SUFFIX}"))
+    tree = json.loads(path.read_text())
+    tree[fmt.SUBSEQUENT_CALLS][0][fmt.STEP] = -1
+    path.write_text(json.dumps(tree))
+    with pytest.raises(TraceFormatError) as caught:
+        tracediff.load_trace(tmp_path / "t")
+    assert str(caught.value) == f"{path}: LlamaForCausalLM: 'step' is -1; expected a whole number, 0 or more"
+
+
+def _spec(tmp_path: Path) -> str:
+    script = tmp_path / "gen.py"
+    script.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r})\n"
+        "from tests.generation import ports\n"
+        "def build():\n"
+        "    return ports.llama(), {'input_ids': ports.prompt(), 'min_new_tokens': 3, 'do_sample': False}\n")
+    return f"{script}:build"
+
+
+def test_the_cli_captures_a_generation_with_selected_steps(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "t"
+    code = main(["capture", _spec(tmp_path), "--out", str(out), "--generate", "--max-new-tokens", "3",
+                 "--steps", "0,-1"])
+    assert code == 0
+    assert "in 3 decode steps (2 in full)" in capsys.readouterr().out
+    roots = _roots(out)
+    assert [root[fmt.STEP] for root in roots] == [0, 1, 2]
+    assert [fmt.VALUE in root["outputs"]["logits"] for root in roots] == [True, False, True]
+
+
+def test_the_cli_refuses_steps_without_generate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["capture", _spec(tmp_path), "--out", str(tmp_path / "t"), "--steps", "0"])
+    assert code == 2
+    assert capsys.readouterr().err.strip() == ("tracediff capture: error: steps and max_new_tokens concern the "
+                                               "forward passes of model.generate: add generate=True (--generate)")

@@ -1,0 +1,162 @@
+"""Language-model verdicts on aligned rows: positions, PCC, and the next-token distribution.
+
+After the rows are measured, each pair with payloads on both sides (same
+shape) is read once more:
+
+* ``pcc``: the Pearson correlation of its elements (1.0 for identical pairs);
+* ``position`` / ``positions_beyond``: for a row out of tolerance with a
+  sequence dimension (see :func:`tracediff.compare.positions.sequence_dim`),
+  the first absolute token position holding an element beyond tolerance, and
+  how many positions do. A decode step's positions start where its tokens sit
+  in the generated sequence (:func:`tracediff.alignment.decode_steps.sequence_starts`);
+* for logits rows (the root's ``outputs.logits``, and the outputs of modules
+  matching ``logits=`` globs): KL per position, top-k agreement and argmax
+  flips (:mod:`tracediff.compare.logits`), in the row (``kl_max``,
+  ``top1_agreement``, ``top5_agreement``, ``top10_agreement``,
+  ``argmax_flips``, ``flip_margin``) and in ``Alignment.logits``. With a
+  baseline, a flip whose reference margin is at most twice the row's noise
+  floor is ``benign``: the noise alone moves each of the two logits that far.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..compare.logits import DEFAULT_TOP_K, logits_metrics, pearson
+from ..compare.positions import positions_beyond_tolerance, sequence_dim
+from ..errors import TracediffError, UsageError
+from ..trace.load import Trace
+from ..trace.payload import as_floats, is_complex
+from .decode_steps import root_of_calls, sequence_starts
+from .result import Job, TensorComparison
+from .rows import RowDraft
+
+_LOGITS_SLOT = "outputs.logits"
+
+
+@dataclass(frozen=True)
+class FlipVerdict:
+    """A position where B picks another next token than A."""
+
+    position: int
+    token_a: int
+    token_b: int
+    margin: float  # A's top-1 minus top-2 logit there
+    benign: bool | None  # within twice the noise floor (None: no baseline)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"position": self.position, "token_a": self.token_a, "token_b": self.token_b, "margin": self.margin,
+                "benign": self.benign}
+
+
+@dataclass(frozen=True)
+class LogitsVerdict:
+    """The next-token verdict of one logits row (``order``: the row's)."""
+
+    order: int
+    module_path_b: str
+    tensor: str
+    step: int | None
+    kl: tuple[float, ...]
+    topk_agreement: dict[int, float]
+    flips: tuple[FlipVerdict, ...]
+
+    @property
+    def harmful_flips(self) -> tuple[FlipVerdict, ...]:
+        return tuple(flip for flip in self.flips if flip.benign is not True)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"order": self.order, "module_path_b": self.module_path_b, "tensor": self.tensor, "step": self.step,
+                "kl": list(self.kl), "kl_max": max(self.kl, default=0.0),
+                "topk_agreement": {str(k): v for k, v in self.topk_agreement.items()},
+                "flips": [flip.to_dict() for flip in self.flips]}
+
+
+def check_logits_patterns(logits: str | Sequence[str] | None) -> tuple[str, ...]:
+    """``logits=`` as a tuple of module-path globs; UsageError for anything else."""
+    if logits is None:
+        return ()
+    patterns = (logits,) if isinstance(logits, str) else tuple(logits)
+    if not all(isinstance(p, str) and p for p in patterns):
+        raise UsageError(f"logits={logits!r}: expected module-path globs such as 'lm_head'")
+    return patterns
+
+
+def is_logits_row(row: TensorComparison, relative_path: str, patterns: tuple[str, ...]) -> bool:
+    if row.tensor == _LOGITS_SLOT and not relative_path:
+        return True
+    return row.tensor.startswith("outputs") and any(fnmatch.fnmatchcase(relative_path, p) for p in patterns)
+
+
+def _set(row: RowDraft, **fields: Any) -> None:
+    for name, value in fields.items():
+        setattr(row, name, value)
+
+
+def annotate_rows(rows: Sequence[RowDraft], jobs: Sequence[Job], a: Trace, b: Trace, *,
+                  logits: tuple[str, ...] = ()) -> tuple[LogitsVerdict, ...]:
+    """Fill ``pcc``, ``position``, ``positions_beyond`` and the logits columns of ``rows`` (still being built);
+    returns the logits verdicts. ``jobs[row.order]`` is the pair a row compared."""
+    starts = sequence_starts(b)
+    roots = root_of_calls(b)
+    verdicts = []
+    for row in rows:
+        if row.order >= len(jobs) or row.op is not None:
+            continue
+        na, ra, nb, rb = jobs[row.order]
+        logits_row = is_logits_row(row, nb.relative_path, logits)
+        if row.status == "identical":
+            _set(row, pcc=1.0, positions_beyond=0)
+            if not logits_row:
+                continue
+        index = roots.get((nb.module_path, nb.call_index))
+        start, length = starts.get(index, (0, None)) if index is not None else (0, None)
+        if length == 1 and row.within_tolerance is False:  # a step reading one token: every error sits there
+            _set(row, position=start, positions_beyond=1)
+        if not (ra.has_payload and rb.has_payload) or ra.shape != rb.shape or row.approximate:
+            continue
+        values = _read_pair(a, ra, b, rb)
+        if values is None:
+            continue
+        va, vb = values
+        _set(row, pcc=pearson(va, vb))
+        if row.within_tolerance is False and length is not None and va.ndim >= 2:
+            dim = sequence_dim(va.shape, length)
+            if dim is not None:
+                found = positions_beyond_tolerance(va, vb, atol=row.atol, rtol=row.rtol, dim=dim)
+                _set(row, position=None if found.first is None else start + found.first,
+                     positions_beyond=found.count)
+        elif row.within_tolerance is True:
+            _set(row, positions_beyond=0)
+        if logits_row and va.ndim >= 1 and va.shape[-1] > 1:
+            verdicts.append(_logits_verdict(row, va, vb, start if length is not None else 0))
+    return tuple(verdicts)
+
+
+def _read_pair(a: Trace, ra: Any, b: Trace, rb: Any) -> tuple[np.ndarray, np.ndarray] | None:
+    """Both payloads as float64 arrays, or None when they are not floating or cannot be read."""
+    try:
+        pa, pb = a.load_payload(ra), b.load_payload(rb)
+    except TracediffError:  # the row already says the payload is unreadable
+        return None
+    if is_complex(pa.dtype) or is_complex(pb.dtype) or pa.shape != pb.shape:
+        return None
+    return as_floats(pa.values, pa.dtype, np.float64), as_floats(pb.values, pb.dtype, np.float64)
+
+
+def _logits_verdict(row: RowDraft, va: np.ndarray, vb: np.ndarray, start: int) -> LogitsVerdict:
+    found = logits_metrics(va, vb, top_k=DEFAULT_TOP_K)
+    floor = row.noise_floor
+    flips = tuple(FlipVerdict(start + f.position, f.token_a, f.token_b, f.margin,
+                              None if floor is None or not math.isfinite(floor) else f.margin <= 2 * floor)
+                  for f in found.flips)
+    _set(row, kl_max=found.kl_max, top1_agreement=found.topk_agreement.get(1),
+         top5_agreement=found.topk_agreement.get(5), top10_agreement=found.topk_agreement.get(10),
+         argmax_flips=len(flips), flip_margin=flips[0].margin if flips else None)
+    return LogitsVerdict(row.order, row.module_path_b, row.tensor, row.step, found.kl, found.topk_agreement, flips)
