@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
+from collections import Counter
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -43,6 +45,12 @@ if TYPE_CHECKING:
 Step = tuple[Any, ...]
 _MAX_SEARCH_NUMEL = 16 * 2**20
 _MAX_PARTS = 6
+_NUMBER = re.compile(r"\.\d+(?=\.|$)")
+
+
+def any_instance(path: str) -> str:
+    """A module path with its instance numbers left out: ``layers.3.attn.qkv`` -> ``layers.N.attn.qkv``."""
+    return _NUMBER.sub(".N", path)
 
 
 @dataclass(frozen=True)
@@ -114,11 +122,13 @@ def find_fused(trace_a: Trace, trace_b: Trace, parents: list[tuple[Node, Node]],
     """Fused calls on either side among the unpaired children of matched calls (see the module docstring).
 
     ``unpaired_a``/``unpaired_b`` hold ``id(node)`` of calls nothing paired;
-    calls used here are removed from them.
+    calls used here are removed from them. The order of the parts is decided once for every instance of a
+    repeated structure (``layers.N.attn.qkv``), by the order most instances fit: an instance whose values
+    fit another order (k and v swapped in one layer) is compared in the common order, and diverges there.
     """
-    found: list[LayoutPair] = []
+    found: list[_Fused] = []
     if not (unpaired_a and unpaired_b):  # every call of a side paired: nothing can be fused
-        return found
+        return []
     for parent_a, parent_b in parents:
         kids_a = [n for n in parent_a.children if id(n) in unpaired_a]
         kids_b = [n for n in parent_b.children if id(n) in unpaired_b]
@@ -128,12 +138,49 @@ def find_fused(trace_a: Trace, trace_b: Trace, parents: list[tuple[Node, Node]],
             found += _fuse(trace_a, trace_b, fused, kids_b, "a", unpaired_a, unpaired_b)
         for fused in kids_b:
             found += _fuse(trace_b, trace_a, fused, kids_a, "b", unpaired_b, unpaired_a)
-    return found
+    votes: dict[tuple[str, str, int], Counter[tuple[int, ...]]] = {}
+    for item in found:
+        votes.setdefault(item.family, Counter())[item.order] += 1
+    pairs: list[LayoutPair] = []
+    for item in found:
+        order = votes[item.family].most_common(1)[0][0]  # Counter keeps first-seen order on ties
+        pairs += item.pairs([item.parts[i] for i in order])
+    return pairs
+
+
+@dataclass(frozen=True)
+class _Fused:
+    """A fused call, the parts it holds (in call order), and the order its own values fit best."""
+
+    side: str
+    fused: Node
+    output: TensorRecord
+    parts: tuple[tuple[Node, TensorRecord], ...]
+    dim: int
+    order: tuple[int, ...]
+
+    @property
+    def family(self) -> tuple[str, str, int]:
+        """The same fused call in every instance of a repeated structure."""
+        return self.side, any_instance(self.fused.relative_path), len(self.parts)
+
+    def pairs(self, ordered: list[tuple[Node, TensorRecord]]) -> list[LayoutPair]:
+        out: list[LayoutPair] = []
+        start = 0
+        for kid, out_k in ordered:
+            assert out_k.shape is not None
+            length = out_k.shape[self.dim]
+            transform = Transform(self.side, (("narrow", self.dim, start, length),))
+            start += length
+            for in_f, in_k in zip(self.fused.inputs(), kid.inputs()):
+                out.append(_oriented(self.side, self.fused, in_f, kid, in_k, None))
+            out.append(_oriented(self.side, self.fused, self.output, kid, out_k, transform))
+        return out
 
 
 def _fuse(trace_f: Trace, trace_p: Trace, fused: Node, kids: list[Node], side: str,
-          unpaired_f: set[int], unpaired_p: set[int]) -> list[LayoutPair]:
-    """Pairs for one fused call of side ``side`` against several of the other side's calls."""
+          unpaired_f: set[int], unpaired_p: set[int]) -> list[_Fused]:
+    """The fused call of side ``side`` against several of the other side's calls, if it is one."""
     if id(fused) not in unpaired_f:
         return []
     out_f = _main_output(fused)
@@ -155,20 +202,11 @@ def _fuse(trace_f: Trace, trace_p: Trace, fused: Node, kids: list[Node], side: s
         chosen = _parts_filling(parts, shape[dim], dim)
         if chosen is None:
             continue
-        chosen = _best_order(trace_f, out_f, trace_p, chosen, dim)
-        pairs: list[LayoutPair] = []
-        start = 0
-        for kid, out_k in chosen:
-            assert out_k.shape is not None
-            length = out_k.shape[dim]
-            transform = Transform(side, (("narrow", dim, start, length),))
-            start += length
-            for in_f, in_k in zip(fused.inputs(), kid.inputs()):
-                pairs.append(_oriented(side, fused, in_f, kid, in_k, None))
-            pairs.append(_oriented(side, fused, out_f, kid, out_k, transform))
+        for kid, _ in chosen:
             unpaired_p.discard(id(kid))
         unpaired_f.discard(id(fused))
-        return pairs
+        order = _best_order(trace_f, out_f, trace_p, chosen, dim)
+        return [_Fused(side, fused, out_f, tuple(chosen), dim, order)]
     return []
 
 
@@ -195,15 +233,16 @@ def _parts_filling(parts: list[tuple[Node, TensorRecord]], size: int, dim: int
 
 
 def _best_order(trace_f: Trace, out_f: TensorRecord, trace_p: Trace, parts: list[tuple[Node, TensorRecord]],
-                dim: int) -> list[tuple[Node, TensorRecord]]:
+                dim: int) -> tuple[int, ...]:
     """The order of the parts along ``dim`` that fits the fused values best (call order without payloads)."""
+    in_call_order = tuple(range(len(parts)))
     if len(parts) > _MAX_PARTS:
-        return parts
+        return in_call_order
     fused = _load(trace_f, out_f)
     loaded = [_load(trace_p, r) for _, r in parts]
     if fused is None or any(t is None for t in loaded):
-        return parts
-    best, best_err = parts, math.inf
+        return in_call_order
+    best, best_err = in_call_order, math.inf
     for order in itertools.permutations(range(len(parts))):
         start, err = 0, 0.0
         for i in order:
@@ -213,7 +252,7 @@ def _best_order(trace_f: Trace, out_f: TensorRecord, trace_p: Trace, parts: list
             err += _relative_error(piece, part)
             start += part.shape[dim]
         if err < best_err:  # strict: call order wins ties
-            best, best_err = [parts[i] for i in order], err
+            best, best_err = tuple(order), err
     return best
 
 

@@ -16,7 +16,6 @@ that layer.
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from collections.abc import Sequence
 
@@ -24,9 +23,8 @@ from ...trace.load import Trace
 from ...trace.model import Node, TensorRecord
 from ..result import Job, TensorComparison
 from .evidence import Values
-from .layout import Transform, _load, _relative_error
+from .layout import Transform, _load, _relative_error, any_instance
 
-_NUMBER = re.compile(r"\.\d+(?=\.|$)")
 # relative error under which an order fits the values (a bf16 port stays well under it)
 _FITS = 2e-2
 
@@ -51,8 +49,7 @@ def pair_orders(shape: tuple[int, ...]) -> list[Transform]:
 def _family(job: Job) -> tuple[str, str, str, str]:
     """The same tensor of every instance of a repeated structure (layer numbers left out)."""
     node_a, record_a, node_b, record_b = job
-    return (_NUMBER.sub(".N", node_a.relative_path), _NUMBER.sub(".N", node_b.relative_path), record_a.slot,
-            record_b.slot)
+    return any_instance(node_a.relative_path), any_instance(node_b.relative_path), record_a.slot, record_b.slot
 
 
 def decide_orders(rows: Sequence[TensorComparison], jobs: Sequence[Job], trace_a: Trace, trace_b: Trace,
