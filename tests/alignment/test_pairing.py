@@ -147,5 +147,5 @@ def test_a_hand_map_is_honoured_under_auto_and_combined_with_layouts(traces: dic
     result = align(traces["research"], traces["kv-swapped"], map={"rename": rules})
     first = result.first_divergence
     assert first is not None and first.module_path_b == "LlamaModel.layers.2.self_attn.k_proj"
-    attention = [r for r in result.rows if r.module_path_b == "LlamaModel.layers.0.self_attn" and r.tensor == "outputs.0"]
-    assert attention and attention[0].pairing == "map"
+    attention = [r for r in result.rows if r.module_path_b == "LlamaModel.layers.0.self_attn"]
+    assert attention and {r.pairing for r in attention} == {"map"}
