@@ -247,7 +247,7 @@ class PortRun:
         except tracediff.TracediffError as error:   # bad input: exit 2, never a verdict
             return Outcome(self.port.name, case, mode, 2, None, 1, expected, False, str(error))
         culprit = relative(result.culprits[0].module_path_b) if result.culprits else None
-        code = 0 if result.passed else 1
+        code = 2 if result.nothing_compared else 0 if result.passed else 1
         note = f"{len(result.culprits)} culprits, {len(result.skipped)} skipped"
         return Outcome(self.port.name, case, mode, code, culprit, 1, expected,
                        code == 1 and inside(culprit, expected), note)

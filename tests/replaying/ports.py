@@ -149,3 +149,19 @@ def kwargs_net(extra: Any = None) -> nn.Module:
 
 def toy_input() -> torch.Tensor:
     return torch.randn(4, 4, generator=torch.Generator().manual_seed(3))
+
+
+class Elsewhere(nn.Module):
+    """A model that shares no module name with the others here and cannot take their inputs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.other = nn.Linear(3, 3)
+
+    def forward(self, tokens: torch.Tensor, *, required: torch.Tensor) -> torch.Tensor:
+        return self.other(tokens) + required
+
+
+def elsewhere() -> nn.Module:
+    torch.manual_seed(0)
+    return Elsewhere().eval()

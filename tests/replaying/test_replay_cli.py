@@ -23,6 +23,13 @@ def llama_ref(capture_ref):  # type: ignore[no-untyped-def]
     return str(capture_ref("llama-fp32-eager", ports.llama, input_ids=ports.IDS))
 
 
+def test_a_replay_that_compares_nothing_exits_2_naming_why(llama_ref: str, capsys: pytest.CaptureFixture[str]
+                                                            ) -> None:
+    assert main(["replay", llama_ref, f"{SPECS}:elsewhere"]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if not line.startswith("tracediff replay: warning")]
+    assert len(err) == 1 and f"{SPECS}:elsewhere: nothing comparable:" in err[0]
+
+
 def test_a_clean_port_exits_0(llama_ref: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["replay", llama_ref, f"{SPECS}:exact_llama"]) == 0
     out = capsys.readouterr().out

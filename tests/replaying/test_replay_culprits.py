@@ -106,3 +106,10 @@ def test_bert_exact_port_with_padding_mask_has_no_culprit(capture_ref):  # type:
     result = tracediff.replay(ports.bert(), ref)
     assert result.passed and not result.skipped
     assert all(call.local_max_abs_err == 0.0 for call in result.modules)
+
+
+def test_a_replay_that_compares_nothing_never_passes(capture_ref):  # type: ignore[no-untyped-def]
+    ref = capture_ref("net", ports.net, ports.toy_input())
+    result = tracediff.replay(ports.elsewhere(), ref)
+    assert result.compared == 0 and not result.passed and not result.culprits
+    assert result.nothing_compared is not None and result.nothing_compared.startswith("nothing comparable")

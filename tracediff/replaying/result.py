@@ -162,14 +162,32 @@ class Replay:
         return tuple(call for call in self.modules if call.culprit)
 
     @property
+    def compared(self) -> int:
+        """How many replayed calls had an output compared with A's (a call B's module could not run on A's
+        inputs compared nothing)."""
+        return sum(1 for call in self.modules if call.verdict != NOT_COMPARABLE and call.tensors)
+
+    @property
+    def nothing_compared(self) -> str | None:
+        """Why the replay compared nothing, in one line; None when it compared something."""
+        if self.compared:
+            return None
+        reasons = [call.reason for call in self.modules if call.reason] + [skip.reason for skip in self.skipped]
+        why = f": {reasons[0]}" if reasons else ""
+        return (f"nothing comparable: {len(self.modules)} call(s) replayed with no output compared, "
+                f"{len(self.skipped)} skipped{why}")
+
+    @property
     def passed(self) -> bool:
-        return not self.culprits
+        """No culprit, and something was compared (a replay that compared nothing never passes)."""
+        return not self.culprits and self.compared > 0
 
     def __bool__(self) -> bool:
         return self.passed
 
     def __repr__(self) -> str:
-        state = "passed" if self.passed else f"{len(self.culprits)} culprit(s)"
+        state = "passed" if self.passed else f"{len(self.culprits)} culprit(s)" if self.culprits \
+            else "nothing comparable"
         return (f"<Replay {state}: {len(self.modules)} calls replayed, {len(self.skipped)} skipped, "
                 f"oracle {'on' if self.oracle else 'off'}>")
 

@@ -67,6 +67,9 @@ def run(args: argparse.Namespace) -> int:
 
         alignment = align(args.trace_a, args.trace_b, map=args.map)
     emit(_render(result, args, alignment), args.output)
+    if result.nothing_compared:  # never a pass, never a divergence: the input did not allow a replay
+        print(f"tracediff replay: {args.spec_b}: {result.nothing_compared}", file=sys.stderr)
+        return 2
     return 0 if result.passed else 1
 
 
