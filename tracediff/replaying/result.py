@@ -178,8 +178,14 @@ class Replay:
                 f"{len(self.skipped)} skipped{why}")
 
     @property
+    def not_comparable(self) -> tuple[ReplayedCall, ...]:
+        """Replayed calls whose outputs could not be compared (B's module raised on A's inputs, ...)."""
+        return tuple(call for call in self.modules if call.verdict == NOT_COMPARABLE)
+
+    @property
     def passed(self) -> bool:
-        """No culprit, and something was compared (a replay that compared nothing never passes)."""
+        """No culprit, and something was compared (a replay that compared nothing never passes). Calls that
+        could not be compared are listed (``not_comparable``); they do not fail the replay."""
         return not self.culprits and self.compared > 0
 
     def __bool__(self) -> bool:
