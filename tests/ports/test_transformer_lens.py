@@ -114,10 +114,7 @@ PORT = Port(
     ops_in=("transformer.h.0.mlp", "blocks.0.mlp"),
 )
 
-WRONG: dict[tuple[str, str], str] = {
-    ("c-proj-transposed", "replay"): "replay calls B's modules with A's argument layout: transformer-lens's blocks "
-                                "and attentions raise on it (not comparable), the calls around them pass",
-}
+WRONG: dict[tuple[str, str], str] = {}
 
 
 run, test_verdict = verdict_tests(PORT, WRONG)

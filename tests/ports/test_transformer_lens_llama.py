@@ -112,10 +112,7 @@ PORT = Port(
     ops_in=("model.layers.0.self_attn", "blocks.0.attn"),
 )
 
-WRONG: dict[tuple[str, str], str] = {
-    ("o-transposed", "replay"): "replay calls B's modules with A's argument layout: transformer-lens's blocks "
-                                "and attentions raise on it (not comparable), the calls around them pass",
-}
+WRONG: dict[tuple[str, str], str] = {}
 
 
 run, test_verdict = verdict_tests(PORT, WRONG)

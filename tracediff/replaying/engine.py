@@ -40,12 +40,14 @@ import torch
 from torch import nn
 
 from ..alignment.pairing.calls import match_nodes
+from ..alignment.pairing.slots import pair_tensors
 from ..errors import TraceFormatError, UsageError
 from ..maps.rules import _UNSET, MapSpec, apply_rename, map_argument, rename_rules
 from ..trace.load import Trace, load_trace
 from ..trace.model import Node
 from .culprits import Candidate, decide
 from .inputs import NotRebuildable, Target, output_slots, rebuild_inputs
+from .layout import bound_to
 from .oracle import NOISE_MULTIPLIER, float64_copy, oracle_device
 from .patching import Replacements, patched
 from .placement import check_device, module_device, param_dtype, prepared
@@ -184,6 +186,13 @@ class _Job:
                                  "and there is no end-to-end error")
             return
         self.shadow = shadow_run(self.model, *self.root_inputs, seed=self.seed)
+        rebound = bound_to(self.model.forward, *self.root_inputs) if self.shadow.error else None
+        if rebound is not None:  # B's forward names its inputs otherwise: A's keywords passed by position
+            retried = shadow_run(self.model, *rebound, seed=self.seed)
+            if retried.error is None:
+                self.shadow, self.root_inputs = retried, rebound
+                self.warnings.append("B's forward does not take A's top-level keywords: they were passed by "
+                                     "position")
         if self.shadow.error is not None:
             self.warnings.append(f"B's forward on A's top-level inputs raised {self.shadow.error}: calls are matched "
                                  "by name only")
@@ -287,6 +296,7 @@ class _Job:
             return copy, Target(module_device(copy, oracle_device(self.device)), torch.float64)
         return CallSetup(trace=self.trace, node_a=node_a, node_b=node_b if self.shadow.trace else None,
                          module=module, twin=twin, target=Target(device, dtype, dict(slot_dtypes)), seed=self.seed,
+                         b_inputs=self.shadow.inputs.get((node_b.relative_path, node_b.call_index)),
                          atol=self.atol, rtol=self.rtol)
 
     def _replay_one(self, order: int, node_a: Node, node_b: Node) -> None:
@@ -311,7 +321,13 @@ class _Job:
         self.decisions = {c.key: c.decision for c in candidates}
 
     def _recorded_outputs(self, done: _Done) -> dict[str, torch.Tensor]:
-        return {slot: tensor for slot, tensor in done.setup.recorded_outputs().items()}
+        """A's recorded outputs of a call, under B's output slots (``outputs`` in A may be ``outputs.0`` in B)."""
+        recorded = done.setup.recorded_outputs()
+        if done.setup.node_b is None:
+            return recorded
+        pairs, _, _ = pair_tensors(done.node_a, done.setup.node_b)
+        slot_b = {a.slot: b.slot for a, b in pairs if a.slot.startswith("outputs")}
+        return {slot_b.get(slot, slot): tensor for slot, tensor in recorded.items()}
 
     def _rerun_patched(self, parent: Candidate, children: list[Candidate]) -> str:
         done = self.done[parent.key]

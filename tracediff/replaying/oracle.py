@@ -47,7 +47,8 @@ def oracle_device(device: torch.device) -> torch.device:
 def float64_copy(model: nn.Module, device: torch.device) -> nn.Module:
     """A float64 copy of ``model`` on ``device`` (floating parameters and buffers converted)."""
     clone = copy.deepcopy(model)
-    return clone.to(device=device, dtype=torch.float64).eval()
+    # positional: some models override ``to`` with one positional argument (transformer-lens)
+    return clone.to(device).to(torch.float64).eval()
 
 
 @dataclass(frozen=True)

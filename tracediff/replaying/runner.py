@@ -16,7 +16,8 @@ from ..compare.metrics import compare_tensors
 from ..compare.tolerance import default_tolerance
 from ..trace.load import Trace
 from ..trace.model import Node, TensorRecord
-from .inputs import NotRebuildable, Target, output_slots, rebuild_inputs
+from .inputs import NotRebuildable, Target, cast, output_slots, rebuild_inputs, substitute
+from .layout import fitted, inputs_in_b_layout, layouts_differ
 from .oracle import NOISE_MULTIPLIER, judge
 from .result import B_DIFFERS, NOT_COMPARABLE, OUT_OF_TOLERANCE, SAME_MATH, WITHIN_TOLERANCE, ReplayedTensor
 from .shadow import seed_rng
@@ -37,6 +38,8 @@ class CallSetup:
     atol: float | None
     rtol: float | None
     tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+    #: what B's own forward passed this call (the shadow run), when known: replay then uses B's layout
+    b_inputs: tuple[tuple[Any, ...], dict[str, Any]] | None = None
 
     def load(self, record: TensorRecord) -> torch.Tensor:
         """A's payload for ``record``, read once per call."""
@@ -80,15 +83,26 @@ def replay_call(setup: CallSetup, *, oracle: bool, patch: Callable[[], Any] | No
                 twin_patch: Callable[[], Any] | None = None) -> CallOutcome:
     """Run B's module (and its float64 twin) on A's inputs; raises ``NotRebuildable`` when the inputs cannot be."""
     started = time.perf_counter()
+    # A's own layout first; when B's module does not take it, B's own layout filled with A's values
+    in_b_layout, out_slots = False, None
     args, kwargs = rebuild_inputs(setup.trace, setup.node_a, setup.target, load=setup.load)
     recorded = setup.recorded_outputs()
     try:
         output = _run(setup.module, args, kwargs, setup.seed, patch)
     except Exception as e:  # noqa: BLE001 - the port's code failed on A's inputs: a finding, not a crash
-        reason = f"B's module raised {_describe_error(e)} on A's inputs"
-        return CallOutcome([], NOT_COMPARABLE, reason, time.perf_counter() - started)
+        if setup.node_b is None or setup.b_inputs is None or not layouts_differ(setup.node_a, setup.node_b):
+            reason = f"B's module raised {_describe_error(e)} on A's inputs"
+            return CallOutcome([], NOT_COMPARABLE, reason, time.perf_counter() - started)
+        in_b_layout = True
+        args, kwargs, out_slots = inputs_in_b_layout(setup.node_a, setup.node_b, setup.b_inputs, setup.load)
+        try:
+            output = _run(setup.module, args, kwargs, setup.seed, patch)
+        except Exception as again:  # noqa: BLE001 - as above, in B's own layout too
+            reason = f"B's module raised {_describe_error(again)} on A's inputs, in A's layout and in its own"
+            return CallOutcome([], NOT_COMPARABLE, reason, time.perf_counter() - started)
+    b_args, b_kwargs = (args, kwargs) if in_b_layout else ((), {})
     del args, kwargs
-    produced = dict(output_slots(output))
+    produced = _under_a_slots(dict(output_slots(output)), out_slots, recorded)
     mismatched_inputs = _inputs_not_equivalent(setup)
 
     def rows_with(exact: dict[str, torch.Tensor], oracle_error: str = "") -> list[ReplayedTensor]:
@@ -101,14 +115,38 @@ def replay_call(setup: CallSetup, *, oracle: bool, patch: Callable[[], Any] | No
     twin = setup.twin() if oracle and any(row.within_tolerance is False for row in rows) else None
     if twin is not None:
         try:
-            args64, kwargs64 = rebuild_inputs(setup.trace, setup.node_a, twin[1], load=setup.load)
-            rows = rows_with(dict(output_slots(_run(twin[0], args64, kwargs64, setup.seed, twin_patch))))
+            if in_b_layout:
+                args64, kwargs64 = _moved(b_args, twin[1]), _moved(b_kwargs, twin[1])
+            else:
+                args64, kwargs64 = rebuild_inputs(setup.trace, setup.node_a, twin[1], load=setup.load)
+            exact = dict(output_slots(_run(twin[0], args64, kwargs64, setup.seed, twin_patch)))
+            rows = rows_with(_under_a_slots(exact, out_slots, recorded))
         except NotRebuildable:
             raise
         except Exception as e:  # noqa: BLE001 - the port's code in float64; reported in the rows
             rows = rows_with({}, f"the float64 run raised {_describe_error(e)}")
     verdict, reason = _call_verdict(rows, oracle)
     return CallOutcome(rows, verdict, reason, time.perf_counter() - started)
+
+
+def _under_a_slots(produced: dict[str, torch.Tensor], out_slots: dict[str, str] | None,
+                   recorded: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """B's outputs by A's slots, in A's layout (as they are when the call ran in A's layout)."""
+    if out_slots is None:
+        return produced
+    out = {}
+    for slot_a, slot_b in out_slots.items():
+        value = produced.get(slot_b)
+        if value is not None and slot_a in recorded:
+            value = fitted(value, recorded[slot_a])
+        if value is not None:
+            out[slot_a] = value
+    return out
+
+
+def _moved(value: Any, target: Target) -> Any:
+    """``value`` with every tensor on ``target``'s device, floating ones in its dtype."""
+    return substitute(value, lambda _slot, t: cast(t, target.dtype if t.is_floating_point() else None, target.device))
 
 
 def _inputs_not_equivalent(setup: CallSetup) -> str:

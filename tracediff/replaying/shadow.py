@@ -1,7 +1,8 @@
-"""B's own forward on A's top-level inputs, recorded as a call tree without payloads.
+"""B's own forward on A's top-level inputs, recorded as a call tree with statistics and without payloads.
 
 It gives what replay needs from B itself: B's module calls (paths and call
-indices, matched to A's nodes exactly as ``align`` matches two traces), the
+indices, matched to A's nodes exactly as ``align`` matches two traces, on the
+same evidence: the statistics of every tensor), the
 dtype and device B's own forward gives each input slot, which inputs B's own
 calls receive as tensors (to detect inputs that are not equivalent across
 implementations, such as a mask that A's attention kernel applied
@@ -20,6 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..capturing.stats import tensor_stats
 from ..trace.load import Trace
 from ..trace.model import Node, TensorRecord
 from .inputs import output_slots
@@ -35,6 +37,8 @@ class ShadowRun:
     output: Any = None
     error: str | None = None
     slot_dtypes: dict[tuple[str, int], dict[str, torch.dtype]] = field(default_factory=dict)
+    # what each call of B received, by (relative path, call index): replay fills it with A's values
+    inputs: dict[tuple[str, int], tuple[tuple[Any, ...], dict[str, Any]]] = field(default_factory=dict)
 
 
 def seed_rng(seed: int) -> None:
@@ -57,7 +61,7 @@ def _describe_inputs(node: Node, args: tuple[Any, ...], kwargs: dict[str, Any], 
     def walk(value: Any, slot: str) -> None:
         if isinstance(value, torch.Tensor):
             node.tensors.append(TensorRecord(slot=slot, order=order[0], shape=tuple(value.shape),
-                                             dtype=str(value.dtype), stats={}))
+                                             dtype=str(value.dtype), stats=tensor_stats(value)))
             order[0] += 1
             if value.is_floating_point():
                 dtypes[slot] = value.dtype
@@ -94,6 +98,7 @@ def _recording(model: nn.Module, root_name: str, run: ShadowRun) -> Iterator[lis
         dtypes: dict[str, torch.dtype] = {}
         _describe_inputs(node, args, kwargs, order, dtypes)
         run.slot_dtypes[(relative, call_index)] = dtypes
+        run.inputs[(relative, call_index)] = (args, dict(kwargs))
         (stack[-1].children if stack else roots).append(node)
         stack.append(node)
 
@@ -104,7 +109,7 @@ def _recording(model: nn.Module, root_name: str, run: ShadowRun) -> Iterator[lis
         node.has_outputs = True
         for slot, tensor in output_slots(output):
             node.tensors.append(TensorRecord(slot=slot, order=order[0], shape=tuple(tensor.shape),
-                                             dtype=str(tensor.dtype), stats={}))
+                                             dtype=str(tensor.dtype), stats=tensor_stats(tensor)))
             order[0] += 1
         node.exit_order = order[0]
 

@@ -1,0 +1,92 @@
+"""Calling B's module in B's own argument layout, filled with A's paired values.
+
+A port's modules rarely take the reference's arguments: transformers' attention takes
+``hidden_states=`` where a research block passes ``x`` by position, plus a mask and rotary tables the
+reference computed elsewhere; fair-esm's layers take ``[T, B, C]``. B's own forward on A's top-level
+inputs (the shadow run) recorded what each of B's calls received. A call is replayed with exactly that,
+each tensor that pairs with one of A's (the pairing ``align`` uses) replaced by A's recorded value, in
+B's dtype, device and layout; what has no partner in A keeps B's own value. B's outputs are then read
+back under A's slots.
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ..alignment.pairing.slots import pair_tensors
+from ..trace.model import Node, TensorRecord
+from .inputs import cast, substitute
+
+Loader = Callable[[TensorRecord], torch.Tensor]
+
+
+def layouts_differ(node_a: Node, node_b: Node) -> bool:
+    """Do A and B pass this call's inputs under different slots (or shapes)?"""
+    return {(t.slot, t.shape) for t in node_a.inputs()} != {(t.slot, t.shape) for t in node_b.inputs()}
+
+
+def inputs_in_b_layout(node_a: Node, node_b: Node, b_inputs: tuple[tuple[Any, ...], dict[str, Any]],
+                       load: Loader) -> tuple[tuple[Any, ...], dict[str, Any], dict[str, str]]:
+    """B's own ``(args, kwargs)`` of this call with A's paired tensors in place, and A's output slot -> B's."""
+    pairs, _, _ = pair_tensors(node_a, node_b)
+    from_a = {b.slot: a for a, b in pairs if b.slot.startswith("inputs")}
+    outputs = {a.slot: b.slot for a, b in pairs if a.slot.startswith("outputs")}
+
+    def fill(slot: str, own: torch.Tensor) -> torch.Tensor:
+        record = from_a.get(slot)
+        if record is None or record.payload is None:
+            return own
+        value = fitted(load(record), own)
+        if value is None:
+            return own
+        return cast(value, own.dtype if own.is_floating_point() else None, own.device)
+
+    args, kwargs = b_inputs
+    return (substitute(tuple(args), fill, "inputs.args"), substitute(dict(kwargs), fill, "inputs.kwargs"),
+            outputs)
+
+
+def fitted(value: torch.Tensor, like: torch.Tensor) -> torch.Tensor | None:
+    """``value`` laid out as ``like``: as is, reshaped (dimensions of size 1), or the permutation closest to
+    ``like``'s values (``[T, B, C]`` into ``[B, T, C]``); None when the sizes differ."""
+    if tuple(value.shape) == tuple(like.shape):
+        return value
+    if value.numel() != like.numel():
+        return None
+    if [d for d in value.shape if d != 1] == [d for d in like.shape if d != 1]:
+        return value.reshape(like.shape)
+    best, best_err = None, float("inf")
+    if value.dim() <= 5:
+        target = like.detach().to("cpu", torch.float64)
+        for order in itertools.permutations(range(value.dim())):
+            candidate = value.permute(order)
+            if tuple(candidate.shape) != tuple(like.shape):
+                continue
+            err = float((candidate.to(torch.float64) - target).abs().max()) if like.numel() else 0.0
+            if err < best_err:
+                best, best_err = candidate, err
+    return best.contiguous() if best is not None else None
+
+
+def bound_to(forward: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+             ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+    """A's top-level ``(args, kwargs)`` for a ``forward`` that does not take them as they are: the keywords
+    it does not know become its next positional arguments (``input_ids=`` into ``forward(tokens)``); None
+    when nothing changes or its signature cannot be read."""
+    try:
+        parameters = inspect.signature(forward).parameters.values()
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is p.VAR_KEYWORD for p in parameters):
+        return None
+    known = {p.name for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    kept = {key: value for key, value in kwargs.items() if key in known}
+    spare = [value for key, value in kwargs.items() if key not in known and isinstance(value, torch.Tensor)]
+    if not spare:
+        return None
+    return (*args, *spare), kept
