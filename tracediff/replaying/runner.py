@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..alignment.pairing.permuted import pair_orders
 from ..compare.metrics import compare_tensors
 from ..compare.tolerance import default_tolerance
 from ..trace.load import Trace
@@ -184,6 +185,7 @@ def _row(setup: CallSetup, record: TensorRecord, a: torch.Tensor | None, b: torc
     if tuple(a.shape) != tuple(b.shape):
         return ReplayedTensor(**base, verdict=NOT_COMPARABLE,
                               reason=f"shapes differ: A {tuple(a.shape)}, B {tuple(b.shape)}")
+    b, exact = _in_a_order(a, b, exact)
     default_atol, default_rtol = default_tolerance(str(a.dtype), str(b.dtype))
     atol = default_atol if setup.atol is None else setup.atol
     rtol = default_rtol if setup.rtol is None else setup.rtol
@@ -218,6 +220,24 @@ def _row(setup: CallSetup, record: TensorRecord, a: torch.Tensor | None, b: torc
     else:
         reason = f"{view.factor:.3g}x the precision noise (same math allows {NOISE_MULTIPLIER:g}x)"
     return ReplayedTensor(**base, **local, **oracle_cols, verdict=B_DIFFERS, reason=reason)
+
+
+def _in_a_order(a: torch.Tensor, b: torch.Tensor, exact: torch.Tensor | None
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """B's output (and its float64 twin's) in A's order, when B holds A's values with rotary pairs ordered
+    otherwise inside each head (a Meta-to-transformers ``q_proj``: the port's layout, see
+    :mod:`tracediff.alignment.pairing.permuted`); as they are otherwise."""
+    if not (a.is_floating_point() and b.is_floating_point()) or a.dim() == 0 or not a.numel():
+        return b, exact
+    a64, b64 = a.detach().to("cpu", torch.float64), b.detach().to("cpu", torch.float64)
+    as_is = float((a64 - b64).abs().max())
+    if not as_is > 1e-3 * float(a64.abs().max()):
+        return b, exact
+    for order in pair_orders(tuple(b.shape)):
+        if float((a64 - order.apply(b64)).abs().max()) < 0.01 * as_is:
+            twin = order.apply(exact) if exact is not None and tuple(exact.shape) == tuple(b.shape) else exact
+            return order.apply(b), twin
+    return b, exact
 
 
 def _call_verdict(rows: list[ReplayedTensor], oracle: bool) -> tuple[str, str]:
