@@ -154,8 +154,6 @@ ROTARY_TABLES = ("transformers computes the rotary tables once (esm.rotary_embed
 WRONG: dict[tuple[str, str], str] = {
     **wrong_in(("inv-freq-not-copied",), ("no map", "suggested map", "hand map", "hand map + name", "ops"),
                ROTARY_TABLES),
-    ("fc2-bias-missed", "replay"): "replay skips 17 calls (B's modules do not take A's recorded arguments) "
-                                   "and its first culprit is the root",
 }
 
 

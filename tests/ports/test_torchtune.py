@@ -128,9 +128,7 @@ PORT = Port(
     ops_in=("layers.0.mlp", "model.layers.0.mlp"),
 )
 
-WRONG: dict[tuple[str, str], str] = {
-    ("o-proj-transposed", "replay"): "replay applies no slot rule: it blames the permuted layers.0.self_attn.q_proj",
-}
+WRONG: dict[tuple[str, str], str] = {}
 
 
 run, test_verdict = verdict_tests(PORT, WRONG)

@@ -326,8 +326,15 @@ class _Job:
         if done.setup.node_b is None:
             return recorded
         pairs, _, _ = pair_tensors(done.node_a, done.setup.node_b)
-        slot_b = {a.slot: b.slot for a, b in pairs if a.slot.startswith("outputs")}
-        return {slot_b.get(slot, slot): tensor for slot, tensor in recorded.items()}
+        partner = {a.slot: b for a, b in pairs if a.slot.startswith("outputs")}
+        out = {}
+        for slot, tensor in recorded.items():
+            b = partner.get(slot)
+            if b is not None and b.shape is not None and tuple(tensor.shape) != b.shape and \
+                    [d for d in tensor.shape if d != 1] == [d for d in b.shape if d != 1]:
+                tensor = tensor.reshape(b.shape)  # ``[T, 1, C]`` as ``[1, T, C]``: the same values in order
+            out[b.slot if b is not None else slot] = tensor
+        return out
 
     def _rerun_patched(self, parent: Candidate, children: list[Candidate]) -> str:
         done = self.done[parent.key]
