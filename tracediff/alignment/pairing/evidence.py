@@ -54,20 +54,11 @@ class Values:
 
     @staticmethod
     def _from_payload(record: TensorRecord, trace: Trace | None) -> dict[str, float] | None:
-        if trace is None or not record.has_payload:
-            return None
-        try:
-            payload = trace.load_payload(record)
-        except TracediffError:
+        finite = _finite_values(record, trace)
+        if finite is None:
             return None
         import numpy as np
 
-        from ...trace.payload import as_floats
-
-        values = as_floats(payload.values, payload.dtype, np.float64).reshape(-1)
-        finite = values[np.isfinite(values)]
-        if not finite.size:
-            return None
         return {"min": float(finite.min()), "max": float(finite.max()), "mean": float(finite.mean()),
                 "std": float(finite.std()), "abs_mean": float(np.abs(finite).mean())}
 
@@ -92,32 +83,41 @@ class Values:
             self._quantiles[key] = self._sorted_sample(record, self.trace_a if side == "a" else self.trace_b)
         return self._quantiles[key]
 
-    @staticmethod
-    def _sorted_sample(record: TensorRecord, trace: Trace | None) -> Any:
-        """``_QUANTILES`` evenly spaced order statistics of the finite values (a strided sample of big tensors)."""
-        if trace is None or not record.has_payload:
-            return None
-        try:
-            payload = trace.load_payload(record)
-        except TracediffError:
-            return None
-        import numpy as np
-
-        from ...trace.payload import as_floats
-
-        flat = payload.values.reshape(-1)
-        if flat.size > _SAMPLE:
-            flat = flat[:: flat.size // _SAMPLE]
-        values = as_floats(np.ascontiguousarray(flat), payload.dtype, np.float64)
-        values = np.sort(values[np.isfinite(values)])
-        if not values.size:
-            return None
-        return values[np.linspace(0, values.size - 1, _QUANTILES).round().astype(int)]
-
     def best(self, records_a: list[TensorRecord], records_b: list[TensorRecord]) -> float:
         """The similarity of the closest pair between two lists of tensors (0 when either is empty)."""
         return max((self.similarity(x, y) for x in records_a for y in records_b), default=0.0)
 
+    @staticmethod
+    def _sorted_sample(record: TensorRecord, trace: Trace | None) -> Any:
+        """``_QUANTILES`` evenly spaced order statistics of the finite values (a strided sample of big tensors)."""
+        finite = _finite_values(record, trace, sample=_SAMPLE)
+        if finite is None:
+            return None
+        import numpy as np
+
+        finite.sort()
+        return finite[np.linspace(0, finite.size - 1, _QUANTILES).round().astype(int)]
+
+
+def _finite_values(record: TensorRecord, trace: Trace | None, sample: int = 0) -> Any:
+    """The finite values of ``record``'s payload as float64, every ``size // sample``-th when ``sample`` is
+    smaller than its size; None without a readable payload or a finite value."""
+    if trace is None or not record.has_payload:
+        return None
+    try:
+        payload = trace.load_payload(record)
+    except TracediffError:
+        return None
+    import numpy as np
+
+    from ...trace.payload import as_floats
+
+    flat = payload.values.reshape(-1)
+    if sample and flat.size > sample:
+        flat = flat[:: flat.size // sample]
+    values = as_floats(np.ascontiguousarray(flat), payload.dtype, np.float64)
+    finite = values[np.isfinite(values)]
+    return finite if finite.size else None
 
 def statistics_distance(sa: dict[str, float], sb: dict[str, float]) -> float:
     """The largest difference of a shared statistic, relative to the tensors' spread."""
