@@ -203,7 +203,7 @@ def test_suggest_map_round_trip(traces: TraceStore, capsys: Any, tmp_path: Path)
     code, out, err = _align(traces, "ref", "renamed", capsys, "--suggest-map", str(path))
     assert code == 0
     assert err == ("tracediff align: warning: module paths did not line up; nodes were matched by structure "
-                   "(shapes and call order). Check the suggested rename map.\n")
+                   "(values, sizes and call order). Check the suggested rename map.\n")
     assert f"matched {len(load_trace(traces('renamed')).nodes())} module calls by structure" in out
     rules = json.loads(path.read_text())["rename"]
     assert rules == [list(rule) for rule in align(traces("ref"), traces("renamed")).suggested_rename]

@@ -212,7 +212,7 @@ def align(
                                               for n in nodes)
     if matching.structural and match != "structure":
         warnings.insert(0, "module paths did not line up; nodes were matched by structure "
-                           "(shapes and call order). Check the suggested rename map.")
+                           "(values, sizes and call order). Check the suggested rename map.")
     warnings[:0] = plan.warnings
     if step_note:
         warnings.insert(0, step_note)

@@ -22,8 +22,8 @@ def add_alignment_options(parser: argparse.ArgumentParser) -> None:
                         help='rename rules for A\'s paths, and slot renames: {"rename": [[regex, repl], ...], '
                              '"slots": [[module_regex, slot_a, slot_b], ...]} (always applied)')
     parser.add_argument("--match", choices=("auto", "name", "structure"), default="auto",
-                        help="how module calls pair: auto (default: names and --map first, then structure and "
-                             "layouts for what is left), name (names and --map only), structure (ignore names)")
+                        help="how module calls pair: auto (default: top down, on the map, values, names and sizes, "
+                             "then layouts), name (names and --map only), structure (auto without names and --map)")
     parser.add_argument("--baseline", metavar="N",
                         help="the reference captured under B's conditions (dtype, device, kernels): errors are "
                              "judged against its noise floor, e.g. tracediff capture SPEC --out N --dtype bfloat16")

@@ -1,26 +1,18 @@
 """Matching the module calls of two traces, and the tensors within matched calls.
 
-``match="auto"`` (the default) pairs, in this order, and never undoes a pair:
+``match="auto"`` (the default) pairs the calls top down, on the strongest evidence each pair has: the
+rename map, values, names, sizes (:mod:`tracediff.alignment.pairing.tree`; the map's rules are also
+honoured where they cross the hierarchy). Layer blocks one side did not record (transformers' default
+pruning, see :mod:`tracediff.alignment.pairing.unrecorded`) are set aside, with what lies inside them.
+Backward calls pair as their forward calls did.
 
-1. **by name**: a call of A pairs with the call of B with the same path
-   relative to the root (the root's class name is ignored, so ``LlamaModel``
-   and ``MyLlama`` both start at ``""``) and the same call index. Rename rules,
-   ``[[regex, replacement], ...]`` applied in order with ``re.sub`` to A's
-   relative paths, bridge implementations whose module names differ; a pair
-   whose name needed the rules is matched ``"map"``. The rules are always
-   applied.
-2. **layer blocks one side did not record** (transformers' default pruning,
-   see :mod:`tracediff.alignment.pairing.unrecorded`) are set aside, with what lies
-   inside them.
-3. **by structure**, only among the calls still unpaired, in call order
-   (:mod:`tracediff.alignment.pairing.structure`; dtypes are ignored).
-
-``match="name"`` stops after step 2; ``match="structure"`` pairs every call by
-structure, ignoring names. Layout-aware pairs (fused projections, permuted
-heads) are added afterwards by :mod:`tracediff.alignment.pairing.layout`.
-``suggest_rename`` turns the pairs into rename rules for the user to check
-and reuse. Within a matched pair, tensors pair as described in
-:mod:`tracediff.alignment.pairing.slots`.
+``match="name"`` pairs by (renamed) path and call index only: a call of A pairs with the call of B with
+the same path relative to the root (the root's class name is ignored, so ``LlamaModel`` and ``MyLlama``
+both start at ``""``) and the same call index; a pair whose name needed the rules is matched ``"map"``.
+``match="structure"`` pairs as ``auto`` does with names and the map left out. Layout-aware pairs (fused
+projections, permuted heads) are added afterwards by :mod:`tracediff.alignment.pairing.layout`.
+``suggest_rename`` turns the pairs into rename rules for the user to check and reuse. Within a matched
+pair, tensors pair as described in :mod:`tracediff.alignment.pairing.slots`.
 """
 
 from __future__ import annotations
