@@ -149,3 +149,17 @@ def test_a_hand_map_is_honoured_under_auto_and_combined_with_layouts(traces: dic
     assert first is not None and first.module_path_b == "LlamaModel.layers.2.self_attn.k_proj"
     attention = [r for r in result.rows if r.module_path_b == "LlamaModel.layers.0.self_attn"]
     assert attention and {r.pairing for r in attention} == {"map"}
+
+
+def test_a_mistake_no_recorded_pair_can_hold_is_said_to_be_undecided(tmp_path: Path) -> None:
+    """The rotary tables: computed inside each attention in A, by the model's own call in B, which has no
+    partner; a wrong base first shows inside the attention, and the report names the unpaired calls."""
+    port = llama(layers=LAYERS)
+    with torch.no_grad():
+        port.rotary_emb.inv_freq.mul_(0.5)
+    reference = capture(from_llama(llama(layers=LAYERS)), INPUT_IDS, tmp_path / "a")
+    result = align(reference, capture(port, INPUT_IDS, tmp_path / "b"))
+    first = result.first_divergence
+    assert first is not None and first.origin == "between modules"
+    said = [w for w in result.warnings if w.startswith("the first divergence arose between recorded calls")]
+    assert len(said) == 1 and "LlamaModel.rotary_emb" in said[0] and "cannot decide" in said[0]

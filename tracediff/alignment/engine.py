@@ -51,7 +51,7 @@ from .decode_steps import restrict_steps, set_steps, step_count, summarize_steps
 from .lm_verdicts import annotate_rows, check_logits_patterns
 from .ops import annotate_op_rows, pair_ops
 from .pairing.permuted import decide_orders
-from .pairing.plan import plan_pairs
+from .pairing.plan import Plan, plan_pairs
 from .pairing.unrecorded import carry_origin, mark_unrecorded_origin
 from .result import Alignment, Job, TensorComparison, Unmatched
 from .rows import RowDraft, draft_row, freeze_rows
@@ -217,9 +217,9 @@ def align(
     if step_note:
         warnings.insert(0, step_note)
     kept = [rows[i] for i in verdicts.kept]
-    weak = _weak_first_divergence(kept, unmatched_b)
-    if weak:
-        warnings.append(weak)
+    for note in (_weak_first_divergence(kept, unmatched_b), _undecided_first_divergence(kept, jobs, plan)):
+        if note:
+            warnings.append(note)
     marked = mark_unrecorded_origin(kept, matching.gaps_a, matching.gaps_b)  # after the origins above
     steps = summarize_steps(marked, trace_a, trace_b, selected=step, note=step_note, counts=step_counts)
     return Alignment(
@@ -327,6 +327,28 @@ def _weak_first_divergence(rows: Iterable[TensorComparison], unmatched_b: list[U
     others = f"; unpaired calls of B: {', '.join(calls)}" if calls else ""
     return (f"the first divergence pairs {first.module_path_a} with {first.module_path_b} on sizes alone (no value, "
             f"name or map says they are the same computation): check that pair{others}")
+
+
+def _undecided_first_divergence(rows: Iterable[TensorComparison], jobs: list[Job], plan: Plan) -> str | None:
+    """When the first divergence arose between recorded calls, the unpaired calls that ran before it: one of
+    them may hold the mistake, and two traces cannot tell (a rotary table one side computes in a call of
+    its own, the other inside its attention)."""
+    first = next((row for row in rows if row.within_tolerance is False), None)
+    if first is None or first.origin != "between modules" or first.order >= len(jobs):
+        return None
+    node_a, _, node_b, _ = jobs[first.order]
+    relaid = {id(n) for pair in plan.layout_nodes for n in pair}  # fused calls: paired by layout
+    matching = plan.matching
+    candidates = [n for n in matching.unmatched_b if n.enter_order < node_b.enter_order and not n.children
+                  and id(n) not in relaid and id(n) not in matching.idle]
+    candidates += [n for n in matching.unmatched_a if n.enter_order < node_a.enter_order and not n.children
+                   and id(n) not in relaid and id(n) not in matching.idle]
+    if not candidates:
+        return None
+    named = ", ".join(n.module_path for n in candidates[:6]) + (", ..." if len(candidates) > 6 else "")
+    return (f"the first divergence arose between recorded calls ({first.module_path_b} {first.tensor}); calls "
+            f"that ran before it have no partner and may hold the mistake, which two traces cannot decide: "
+            f"{named}")
 
 
 def _no_tick(_record: Any) -> None:
