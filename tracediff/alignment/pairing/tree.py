@@ -311,11 +311,11 @@ class TreePairing:
                 pairs = _instances(x, y)
                 if not pairs:
                     return None
-                scored = [self._score(a, b) for a, b in pairs]
-                named = self._names(x.prefix, y.prefix, pairs[0][0])
-                if named is not None and named[1] == "map":
+                named = self._names(x.prefix, y.prefix)
+                if named is not None:
                     return named
-                kept = [s for s in scored if s is not None]
+                scored = [self._score(a, b) for a, b in pairs]
+                kept = [s for s in scored if s is not None and s is not _VETO]
                 if kept:
                     score, how = max(kept)
                     return score + 1.0, how  # a whole structure pairs before any one call
@@ -330,7 +330,8 @@ class TreePairing:
                 found.append(one)
         return max(found) if found else None  # evidence seen in any instance counts (a bug hides it in one)
 
-    def _names(self, path_a: str, path_b: str, node_a: Node) -> tuple[float, str] | None:
+    def _names(self, path_a: str, path_b: str) -> tuple[float, str] | None:
+        """The map's or the names' pair of two paths, or None."""
         if not self.use_names:
             return None
         renamed = apply_rename(path_a, self.rules) if self.rules else path_a
@@ -344,7 +345,7 @@ class TreePairing:
 
     def _score(self, x: Node, y: Node) -> tuple[float, str] | None:
         """How strongly call ``x`` of A and ``y`` of B are the same computation; None when they cannot be."""
-        named = self._names(x.relative_path, y.relative_path, x)
+        named = self._names(x.relative_path, y.relative_path)
         if named is not None:
             return named
         leaf_x, leaf_y = not self.children(x, "a"), not self.children(y, "b")
