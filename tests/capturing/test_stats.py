@@ -35,8 +35,9 @@ def reference(t: torch.Tensor) -> dict[str, Any]:
     a = t.double().numpy().reshape(-1)
     finite = a[np.isfinite(a)]
     nan, posinf, neginf = int(np.isnan(a).sum()), int((a == np.inf).sum()), int((a == -np.inf).sum())
-    lo = -math.inf if neginf else (float(finite.min()) if finite.size else math.nan)
-    hi = math.inf if posinf else (float(finite.max()) if finite.size else math.nan)
+    non_nan = a[~np.isnan(a)]  # min and max are the extreme non-NaN elements, infinities included
+    lo = float(non_nan.min()) if non_nan.size else math.nan
+    hi = float(non_nan.max()) if non_nan.size else math.nan
     return {
         "numel": n, "min": lo, "max": hi, "nan": nan, "posinf": posinf, "neginf": neginf,
         "zeros": int((a == 0).sum()),
@@ -89,6 +90,14 @@ def test_float_stats_match_numpy(dtype: torch.dtype, values: np.ndarray) -> None
 def test_non_finite_counts_and_finite_moments(values: np.ndarray) -> None:
     t = torch.from_numpy(values)
     assert_stats(t, check_zeros=not torch.isnan(t).any())
+
+
+@pytest.mark.parametrize("values", [[math.inf], [-math.inf, math.nan], [math.nan, math.nan], [math.inf, -math.inf]])
+def test_min_and_max_are_elements_even_without_finite_ones(values: list[float]) -> None:
+    t = torch.tensor(values)
+    assert_stats(t, check_zeros=False)
+    stats = tensor_stats(t)
+    assert math.isnan(stats["mean"]) and math.isnan(stats["std"]) and math.isnan(stats["abs_mean"])
 
 
 def test_zero_count_with_nan_present() -> None:

@@ -107,6 +107,26 @@ def net(block: type[Block] = Block) -> nn.Module:
     return Net(block).eval()
 
 
+
+class RenamedNet(nn.Module):
+    """``Net`` under other names (``layers`` for ``blocks``, ``out`` for ``head``), with the same weights."""
+
+    def __init__(self, block: type[Block] = Block) -> None:
+        super().__init__()
+        source = Net(block)
+        self.embed, self.layers, self.out = source.embed, source.blocks, source.head
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.embed(x)
+        for layer in self.layers:
+            x = layer(x)
+        return self.out(x)
+
+
+def renamed_leaky_net() -> nn.Module:
+    torch.manual_seed(0)
+    return RenamedNet(LeakyResidualBlock).eval()
+
 class Scaler(nn.Module):
     """Keyword arguments of every kind: tensors, a tuple of tensors, a float, a str, a tuple of ints, None."""
 

@@ -101,3 +101,11 @@ def test_help_imports_nothing_heavy() -> None:
 def test_library_name_is_public() -> None:
     assert tracediff.replay.__module__ == "tracediff.replaying.engine"
     assert "replay" in tracediff.__all__ and "Replay" in tracediff.__all__
+
+
+def test_match_reaches_the_pairing(capture_ref, capsys: pytest.CaptureFixture[str]) -> None:  # type: ignore[no-untyped-def]
+    ref = str(capture_ref("net", ports.net, ports.toy_input()))
+    assert main(["replay", ref, f"{SPECS}:renamed_leaky_net", "--format", "json"]) == 1
+    assert [c["module_path_b"] for c in json.loads(capsys.readouterr().out)["culprits"]] == ["RenamedNet.layers.1"]
+    main(["replay", ref, f"{SPECS}:renamed_leaky_net", "--match", "name", "--format", "json"])
+    assert not any(".layers." in m["module_path_b"] for m in json.loads(capsys.readouterr().out)["modules"])

@@ -113,3 +113,13 @@ def test_a_replay_that_compares_nothing_never_passes(capture_ref):  # type: igno
     result = tracediff.replay(ports.elsewhere(), ref)
     assert result.compared == 0 and not result.passed and not result.culprits
     assert result.nothing_compared is not None and result.nothing_compared.startswith("nothing comparable")
+
+
+def test_match_has_aligns_meaning_in_replay(capture_ref):  # type: ignore[no-untyped-def]
+    ref = capture_ref("net", ports.net, ports.toy_input())
+    found = tracediff.replay(ports.renamed_leaky_net(), ref)  # match="auto": pairs layers.N with blocks.N
+    assert [c.module_path_b for c in found.culprits] == ["RenamedNet.layers.1"]
+    strict = tracediff.replay(ports.renamed_leaky_net(), ref, match="name")  # no map: no child pairs by name
+    assert not any(".layers." in call.module_path_b for call in strict.modules)
+    with pytest.raises(tracediff.UsageError, match="match: 'names' is not one of auto, name, structure"):
+        tracediff.replay(ports.renamed_leaky_net(), ref, match="names")

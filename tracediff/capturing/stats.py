@@ -1,24 +1,37 @@
-"""Per-tensor statistics recorded as JSON numbers.
+"""Per-tensor statistics recorded as JSON numbers: the one implementation.
 
-Capture runs inside every module call, so the statistics of a floating
-tensor take six cheap kernels and no allocation: ``aminmax``, ``sum``, the
+Every statistic tracediff records is computed here, whoever asks: the capture
+on the host (``tensor_stats``), the capture on an accelerator
+(:mod:`tracediff.capturing.device_stats` queues the same per-chunk kernels and
+reads them back later) and the training-run statistics of
+:mod:`tracediff.steps.tensor_stats`. A tensor is reduced chunk by chunk to a
+few *partials*, and ``float_summary`` / ``integer_summary`` turn the partials
+of all chunks into the recorded keys, so the formulas are written once.
+
+Capture runs inside every module call, so a finite host tensor takes six
+cheap kernels and no allocation (``fast_partials``): ``aminmax``, ``sum``, the
 signs of the elements written into a reused buffer ``s``, then three dot
 products, ``x.x`` (sum of squares), ``s.x`` (sum of absolute values) and
 ``s.s`` (count of non-zeros), all read back in one transfer. Mean and std
-follow from the sums; NaN/Inf are counted only when min or max is not
-finite, since both propagate NaN and infinities. Large tensors are processed
-in chunks of 2**20 elements, which bounds the buffers and keeps the float32
-count of non-zeros exact.
+follow from the sums. NaN and infinities propagate into min or max, so only
+then (or when float32 sums overflow or underflow) is the tensor measured again
+by ``wide_partials``: a float64 copy of each chunk, its counts of finite, NaN
+and +Inf elements, the finite minimum and maximum, and the same sums with every
+non-finite element set to 0. Large tensors are processed in chunks of ``CHUNK``
+elements, which bounds the buffers and keeps the float32 count of non-zeros
+exact.
 
 ``std`` is the unbiased standard deviation (as ``torch.std``), computed in
 float64 from the sums; it loses relative precision when ``|mean| >> std``.
-Half-precision and float8 tensors are upcast to float32 first, chunk by
-chunk, into a reused buffer.
+Moments of a tensor with NaN or infinities are taken over its finite elements.
+Half-precision and float8 tensors are upcast to float32 first, chunk by chunk,
+into a reused buffer.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -61,7 +74,8 @@ class StatsBuffers:
         return buffer[:n]
 
 
-_WIDE_UNSIGNED = {getattr(torch, name) for name in ("uint16", "uint32", "uint64") if hasattr(torch, name)}
+# Unsigned dtypes torch has no min/max kernels for on some devices.
+WIDE_UNSIGNED = {getattr(torch, name) for name in ("uint16", "uint32", "uint64") if hasattr(torch, name)}
 _SQUARES_FLOOR = 1e-30
 
 
@@ -69,90 +83,127 @@ def tensor_stats(tensor: torch.Tensor, *, buffers: StatsBuffers | None = None) -
     """Statistics of ``tensor`` as plain Python numbers.
 
     Floating tensors get every key of ``STAT_KEYS``; integer and bool tensors
-    get ``numel``, ``min``, ``max`` and ``zeros``; empty tensors get ``numel``
-    only. Infinite or NaN results are kept as float ``inf``/``nan``. Pass the
-    same ``buffers`` to successive calls to avoid allocating work memory.
+    get ``numel``, ``min``, ``max`` and ``zeros``; empty and complex tensors get
+    ``numel`` only. Infinite or NaN results are kept as float ``inf``/``nan``.
+    Pass the same ``buffers`` to successive calls to avoid allocating work memory.
     """
     t = tensor.detach()
     n = t.numel()
-    if n == 0:
-        return {"numel": 0}
-    if t.dtype in FLOAT_DTYPES:
-        return _float_stats(t, n, buffers if buffers is not None else StatsBuffers())
-    if t.is_complex():
+    if n == 0 or t.is_complex():
         return {"numel": n}
-    if t.dtype == torch.bool:
-        true_count = int(t.sum())
-        return {"numel": n, "min": int(true_count == n), "max": int(true_count > 0), "zeros": n - true_count}
-    if t.dtype in _WIDE_UNSIGNED:  # torch has no CPU min/max for these; numpy's are exact
+    work = buffers if buffers is not None else StatsBuffers()
+    if t.dtype in FLOAT_DTYPES:
+        return _float_stats(t.reshape(-1), n, work)
+    if t.dtype in WIDE_UNSIGNED:  # torch has no CPU min/max for these; numpy's are exact
         values = t.cpu().contiguous().numpy()
         return {"numel": n, "min": int(values.min()), "max": int(values.max()), "zeros": int((values == 0).sum())}
-    lo, hi = torch.aminmax(t)
-    zeros = n - int(torch.count_nonzero(t))
-    return {"numel": n, "min": int(lo), "max": int(hi), "zeros": zeros}
+    kind = "bool" if t.dtype == torch.bool else "int"
+    return integer_summary(n, kind, [integer_partials(t.reshape(-1)).tolist()])
 
 
-def _float_stats(t: torch.Tensor, n: int, buffers: StatsBuffers) -> dict[str, Any]:
-    flat = t.reshape(-1)
-    parts: list[torch.Tensor] = []
-    for start in range(0, n, CHUNK):
-        x = flat if n <= CHUNK else flat[start:start + CHUNK]
-        m = x.numel()
-        if x.dtype not in _NATIVE:
-            x = buffers.get(x.device, torch.float32, m, slot=1).copy_(x)
-        signs = torch.sign(x, out=buffers.get(x.device, x.dtype, m))
-        lo, hi = torch.aminmax(x)
-        parts += (lo, hi, x.sum(), torch.dot(x, x), torch.dot(signs, x), torch.dot(signs, signs))
-    values = torch.stack(parts).tolist()
-    lows, highs = values[0::6], values[1::6]
-    if all(math.isfinite(v) for v in lows + highs):
-        total, squares, abs_total = math.fsum(values[2::6]), math.fsum(values[3::6]), math.fsum(values[4::6])
-        zeros = n - round(math.fsum(values[5::6]))
-        largest = max(abs(min(lows)), abs(max(highs)))
-        if not math.isfinite(total + squares + abs_total) or (largest and squares < _SQUARES_FLOOR):
-            # float32 squares overflow above ~1.8e19 and underflow below ~1e-19 (and sums of values near
-            # float32's max overflow too): redo the sums in float64.
-            total, squares, abs_total = _float64_sums(flat)
-        mean = total / n
-        var = (squares - total * total / n) / (n - 1) if n > 1 else math.nan
-        return {
-            "numel": n, "min": min(lows), "max": max(highs), "nan": 0, "posinf": 0, "neginf": 0,
-            "mean": mean, "std": math.sqrt(var) if var > 0 else (0.0 if var == var else math.nan),
-            "abs_mean": abs_total / n, "zeros": zeros,
-        }
-    return _non_finite_stats(flat if flat.dtype in _NATIVE else flat.float(), n)
+def wide_stats(tensor: torch.Tensor, *, buffers: StatsBuffers | None = None) -> dict[str, Any]:
+    """The floating statistics of any real tensor, summed in float64 (integers and bools as numbers).
+
+    The keys of ``STAT_KEYS``; an empty tensor gets ``numel`` only.
+    """
+    flat = tensor.detach().reshape(-1)
+    n = flat.numel()
+    if n == 0:
+        return {"numel": 0}
+    work = buffers if buffers is not None else StatsBuffers()
+    parts = torch.cat([wide_partials(flat[start:start + CHUNK], work) for start in range(0, n, CHUNK)])
+    values = parts.tolist()
+    return float_summary(n, [values[k:k + WIDE_PARTS] for k in range(0, len(values), WIDE_PARTS)])
 
 
-def _float64_sums(flat: torch.Tensor) -> tuple[float, float, float]:
-    """Sum, sum of squares and sum of absolute values, accumulated in float64 (rarely needed, so not fast)."""
-    total = squares = abs_total = 0.0
-    for start in range(0, flat.numel(), CHUNK):
-        x = flat[start:start + CHUNK].double()
-        total += float(x.sum())
-        squares += float(torch.dot(x, x))
-        abs_total += float(x.abs().sum())
-    return total, squares, abs_total
+def _float_stats(flat: torch.Tensor, n: int, buffers: StatsBuffers) -> dict[str, Any]:
+    parts = [fast_partials(flat if n <= CHUNK else flat[start:start + CHUNK], buffers) for start in range(0, n, CHUNK)]
+    values = torch.cat(parts).tolist()
+    chunks = [values[k:k + 6] for k in range(0, len(values), 6)]
+    if not all(math.isfinite(c[0]) and math.isfinite(c[1]) for c in chunks):
+        return wide_stats(flat, buffers=buffers)
+    total, squares, abs_total = (math.fsum(c[k] for c in chunks) for k in (2, 3, 4))
+    largest = max(abs(min(c[0] for c in chunks)), abs(max(c[1] for c in chunks)))
+    if not math.isfinite(total + squares + abs_total) or (largest and squares < _SQUARES_FLOOR):
+        # float32 squares overflow above ~1.8e19 and underflow below ~1e-19 (and sums of values near
+        # float32's max overflow too): measure again in float64.
+        return wide_stats(flat, buffers=buffers)
+    sizes = [min(CHUNK, n - start) for start in range(0, n, CHUNK)]
+    return float_summary(n, [(*c, size, 0, 0) for c, size in zip(chunks, sizes)])
 
 
-def _non_finite_stats(flat: torch.Tensor, n: int) -> dict[str, Any]:
-    nan = int(torch.isnan(flat).sum())
-    posinf = int((flat == math.inf).sum())
-    neginf = int((flat == -math.inf).sum())
-    finite = flat[torch.isfinite(flat)]
-    m = finite.numel()
-    out: dict[str, Any] = {"numel": n, "nan": nan, "posinf": posinf, "neginf": neginf,
-                           "zeros": n - int(torch.count_nonzero(flat))}  # NaN is not zero
-    # Moments over all elements would be NaN; report them over the finite ones.
-    if m:
-        f64 = finite.double()
-        out.update(mean=float(f64.mean()), std=float(f64.std()) if m > 1 else math.nan)
-        out.update(abs_mean=float(f64.abs().mean()))
-        lo_f, hi_f = torch.aminmax(finite)
-        out.update(min=float(lo_f) if not neginf else -math.inf, max=float(hi_f) if not posinf else math.inf)
-    else:
-        out.update(mean=math.nan, std=math.nan, abs_mean=math.nan)
-        out.update(min=-math.inf if neginf else math.nan, max=math.inf if posinf else math.nan)
-    return out
+def fast_partials(x: torch.Tensor, buffers: StatsBuffers) -> torch.Tensor:
+    """``(min, max, sum, x.x, |x| sum, non-zeros)`` of one chunk, in its own precision (float32 at least).
+
+    Valid only when min and max come out finite; otherwise use ``wide_partials``.
+    """
+    m = x.numel()
+    if x.dtype not in _NATIVE:
+        x = buffers.get(x.device, torch.float32, m, slot=1).copy_(x)
+    signs = torch.sign(x, out=buffers.get(x.device, x.dtype, m))
+    lo, hi = torch.aminmax(x)
+    return torch.stack((lo, hi, x.sum(), torch.dot(x, x), torch.dot(signs, x), torch.dot(signs, signs)))
+
+
+WIDE_PARTS = 9  # the length of ``wide_partials``' result
+
+
+def wide_partials(x: torch.Tensor, buffers: StatsBuffers) -> torch.Tensor:
+    """``(finite min, finite max, sum, x.x, |x| sum, non-zeros, finite, nan, +inf)`` of one chunk, in float64.
+
+    The sums and non-zeros are over the finite elements. No branch depends on the data, so on an
+    accelerator the kernels are only queued: nothing waits until the result is read.
+    """
+    m = x.numel()
+    y = buffers.get(x.device, torch.float64, m, slot=2).copy_(x)
+    finite = torch.isfinite(y)
+    counts = torch.stack((finite.sum(), torch.isnan(y).sum(), torch.isposinf(y).sum()))
+    lo = torch.where(finite, y, math.inf).amin()
+    hi = torch.where(finite, y, -math.inf).amax()
+    y.nan_to_num_(0.0, 0.0, 0.0)
+    signs = torch.sign(y, out=buffers.get(x.device, torch.float64, m, slot=3))
+    sums = torch.stack((lo, hi, y.sum(), torch.dot(y, y), torch.dot(signs, y), torch.dot(signs, signs)))
+    return torch.cat((sums, counts.double()))
+
+
+def float_summary(n: int, chunks: Sequence[Sequence[float]]) -> dict[str, Any]:
+    """The floating statistics of ``n`` elements from the ``wide_partials`` layout of each chunk."""
+    lo = min(c[0] for c in chunks)
+    hi = max(c[1] for c in chunks)
+    total, squares, abs_total = (math.fsum(c[k] for c in chunks) for k in (2, 3, 4))
+    nonzero = round(math.fsum(c[5] for c in chunks))
+    finite, nan, posinf = (round(math.fsum(c[k] for c in chunks)) for k in (6, 7, 8))
+    neginf = n - finite - nan - posinf
+    mean = total / finite if finite else math.nan
+    var = (squares - total * total / finite) / (finite - 1) if finite > 1 else math.nan
+    std = math.sqrt(var) if var > 0 else (0.0 if var == var else math.nan)
+    abs_mean = abs_total / finite if finite else math.nan
+    zeros = finite - nonzero
+    if finite == n:  # the key order of the standard trace's finite tensors
+        return {"numel": n, "min": lo, "max": hi, "nan": 0, "posinf": 0, "neginf": 0, "mean": mean, "std": std,
+                "abs_mean": abs_mean, "zeros": zeros}
+    # The smallest and largest non-NaN elements: NaN only when every element is NaN.
+    low = -math.inf if neginf else lo if finite else math.inf if posinf else math.nan
+    high = math.inf if posinf else hi if finite else -math.inf if neginf else math.nan
+    return {"numel": n, "nan": nan, "posinf": posinf, "neginf": neginf, "zeros": zeros, "mean": mean, "std": std,
+            "abs_mean": abs_mean, "min": low, "max": high}
+
+
+def integer_partials(x: torch.Tensor) -> torch.Tensor:
+    """The partials of one chunk of an integer tensor ``(min, max, non-zeros)``, or of a bool one ``(trues,)``."""
+    if x.dtype == torch.bool:
+        return x.sum().reshape(1)
+    lo, hi = torch.aminmax(x)
+    return torch.stack((lo.long(), hi.long(), torch.count_nonzero(x)))
+
+
+def integer_summary(n: int, kind: str, chunks: Sequence[Sequence[float | int]]) -> dict[str, Any]:
+    """``numel``, ``min``, ``max`` and ``zeros`` of ``n`` elements from ``integer_partials`` of each chunk."""
+    if kind == "bool":
+        true_count = int(sum(c[0] for c in chunks))
+        return {"numel": n, "min": int(true_count == n), "max": int(true_count > 0), "zeros": n - true_count}
+    return {"numel": n, "min": int(min(c[0] for c in chunks)), "max": int(max(c[1] for c in chunks)),
+            "zeros": n - int(sum(c[2] for c in chunks))}
 
 
 def format_scalar(value: float | int | None, dtype: torch.dtype) -> str:

@@ -39,7 +39,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..alignment.pairing.calls import match_nodes
+from ..alignment.pairing.calls import MATCH_MODES, match_nodes
 from ..alignment.pairing.slots import pair_tensors
 from ..errors import TraceFormatError, UsageError
 from ..maps.rules import _UNSET, MapSpec, apply_rename, map_argument, rename_rules
@@ -61,6 +61,7 @@ def replay(
     trace_a: str | Path | Trace,
     *,
     map: MapSpec = None,
+    match: str = "auto",
     atol: float | None = None,
     rtol: float | None = None,
     oracle: bool = True,
@@ -78,6 +79,10 @@ def replay(
         trace_a: the reference trace (folder, JSON file, or loaded ``Trace``),
             recorded with payloads (``tensors="full"``).
         map: the rename map for A's paths, in any form ``align`` takes.
+        match: how B's calls pair with A's, as in ``align``: ``"auto"``
+            (default: top down, on the map, values, names and sizes),
+            ``"name"`` (names and ``map`` only) or ``"structure"`` (auto
+            without names and ``map``).
         atol, rtol: the local error a row may have and still pass without
             the oracle's help. Default: torch.testing's for the pair's dtypes.
         oracle: also run each call in float64 and judge B against its own
@@ -98,12 +103,14 @@ def replay(
 
     Raises:
         TraceFormatError: the trace cannot be read or holds no payloads.
-        UsageError: bad rename rules or ``modules`` patterns.
+        UsageError: bad rename rules, ``match`` mode or ``modules`` patterns.
     """
     started = time.perf_counter()
     for name, value in (("atol", atol), ("rtol", rtol)):
         if value is not None and not (isinstance(value, (int, float)) and value >= 0 and math.isfinite(value)):
             raise UsageError(f"{name}={value!r}: expected a finite number >= 0")
+    if match not in MATCH_MODES:
+        raise UsageError(f"match: {match!r} is not one of {', '.join(MATCH_MODES)}")
     device = check_device(device)
     trace = trace_a if isinstance(trace_a, Trace) else load_trace(trace_a)
     _check_replayable(trace)
@@ -111,7 +118,7 @@ def replay(
     patterns = _patterns(modules)
     seed = _seed(trace.metadata)
     with prepared(model_b, device) as run_device:
-        job = _Job(trace, model_b, rules, seed, run_device, atol, rtol, oracle)
+        job = _Job(trace, model_b, rules, match, seed, run_device, atol, rtol, oracle)
         job.run(patterns, progress)
         if patch:
             job.measure_patches()
@@ -158,9 +165,10 @@ class _Done:
 class _Job:
     """One replay: matching, the per-call runs, culprits and patches."""
 
-    def __init__(self, trace: Trace, model: nn.Module, rules: list[tuple[str, str]], seed: int,
+    def __init__(self, trace: Trace, model: nn.Module, rules: list[tuple[str, str]], match: str, seed: int,
                  device: torch.device, atol: float | None, rtol: float | None, oracle: bool) -> None:
-        self.trace, self.model, self.rules, self.seed, self.device = trace, model, rules, seed, device
+        self.trace, self.model, self.rules, self.match = trace, model, rules, match
+        self.seed, self.device = seed, device
         self.atol, self.rtol, self.oracle = atol, rtol, oracle
         self.root_name = type(model).__name__
         self.modules = dict(model.named_modules(remove_duplicate=False))
@@ -202,7 +210,7 @@ class _Job:
     def _pairs(self) -> list[tuple[Node, Node]]:
         forward_a = [n for n in self.trace.nodes() if n.phase == "forward"]
         if self.shadow.trace is not None:
-            matching = match_nodes(self.trace, self.shadow.trace, self.rules)
+            matching = match_nodes(self.trace, self.shadow.trace, self.rules, self.match)
             if matching.structural:
                 self.warnings.append("module paths did not line up by name: calls were matched by structure; "
                                      "pass rename rules (--map) to match them by name")

@@ -25,8 +25,10 @@ Definitions, over the ``m`` finite elements ``f`` of a tensor of ``n`` elements:
 ``mode``          the most frequent finite value; the smallest one on ties
 ================  ================================================================
 
-The variance comes from the float64 sums of ``f`` and ``f**2`` in one pass
-(two reductions, no copy of the tensor), so its absolute error is about
+The counts, extremes and sums come from the capture's own implementation,
+:func:`tracediff.capturing.stats.wide_stats` (float64 sums of ``f``, ``|f|``
+and ``f**2`` in one pass over float64 chunks), so the variance's absolute
+error is about
 ``1e-16 * max(f)**2``: relative to the variance, ``1e-16 * mean**2 / var``
 (1e-8 for data of mean 1 and std 1e-4), negligible next to what separates two
 runs. Skewness and kurtosis use a second, exact pass, with
@@ -46,12 +48,13 @@ from collections.abc import Collection
 
 import torch
 
+from ..capturing.stats import wide_stats
 from .hashing import _local
 from .stat_names import NUMERIC_STATS
 
-_COUNTS = frozenset({"nan", "posinf", "neginf"})
-_SUMS = frozenset({"mean", "abs_mean", "std", "var_biased", "var_unbiased"})
 _F64 = torch.float64
+_FROM_WIDE = frozenset({"nan", "posinf", "neginf", "zeros", "min", "max", "mean", "abs_mean", "std",
+                        "var_biased", "var_unbiased"})
 
 
 def tensor_stats(tensor: torch.Tensor, names: Collection[str]) -> dict[str, float | int]:
@@ -63,34 +66,38 @@ def tensor_stats(tensor: torch.Tensor, names: Collection[str]) -> dict[str, floa
     t = _local(tensor)
     if not wanted or t.is_complex() or t.is_quantized:
         return {}
-    x = _widened(t.reshape(-1))
-    n = x.numel()
-    lo, hi = (float(v) for v in torch.aminmax(x)) if n else (math.nan, math.nan)
-    all_finite = math.isfinite(lo) and math.isfinite(hi)  # aminmax propagates NaN
-    f = x if all_finite else x[torch.isfinite(x)]
-    m = f.numel()
+    x = t.reshape(-1)
     out: dict[str, float | int] = {}
-    if _COUNTS.intersection(wanted):
-        nan = 0 if all_finite else int(torch.isnan(x).sum())
-        posinf = 0 if all_finite else int((x == math.inf).sum())
-        neginf = 0 if all_finite else int((x == -math.inf).sum())
-        out.update(nan=nan, posinf=posinf, neginf=neginf)
-    if "zeros" in wanted:
-        straddles = not all_finite or lo <= 0 <= hi
-        out["zeros"] = n - int(torch.count_nonzero(x)) if straddles else 0  # NaN counts as non-zero
-    if "min" in wanted or "max" in wanted:
-        if not all_finite:
-            lo, hi = _range_without_nan(x)
-        out.update(min=lo, max=hi)
-    if _SUMS.intersection(wanted):
-        out.update(_from_sums(f, m))
-    if "skewness" in wanted or "kurtosis" in wanted:
-        out.update(_shape_moments(f, m))
-    if "median" in wanted:
-        out["median"] = float(f.sort().values[(m - 1) // 2]) if m else math.nan
-    if "mode" in wanted:
-        out["mode"] = _mode(f)
+    if _FROM_WIDE.intersection(wanted):
+        out.update(_counts_and_moments(x))
+    if {"skewness", "kurtosis", "median", "mode"}.intersection(wanted):
+        f = _widened(x)
+        f = f[torch.isfinite(f)]
+        if "skewness" in wanted or "kurtosis" in wanted:
+            out.update(_shape_moments(f, f.numel()))
+        if "median" in wanted:
+            out["median"] = float(f.sort().values[(f.numel() - 1) // 2]) if f.numel() else math.nan
+        if "mode" in wanted:
+            out["mode"] = _mode(f)
     return {name: out[name] for name in wanted}
+
+
+def _counts_and_moments(x: torch.Tensor) -> dict[str, float | int]:
+    try:
+        stats = wide_stats(x)
+    except (TypeError, RuntimeError):  # a device without float64 (e.g. MPS)
+        stats = wide_stats(x.cpu())
+    n = x.numel()
+    if n == 0:
+        return dict.fromkeys(_FROM_WIDE - {"nan", "posinf", "neginf", "zeros"}, math.nan) | {
+            "nan": 0, "posinf": 0, "neginf": 0, "zeros": 0}
+    m = n - stats["nan"] - stats["posinf"] - stats["neginf"]
+    zeros = stats["zeros"]
+    var_unbiased = stats["std"] ** 2 if m > 1 else math.nan
+    return {"nan": stats["nan"], "posinf": stats["posinf"], "neginf": stats["neginf"], "zeros": zeros,
+            "min": stats["min"], "max": stats["max"], "mean": stats["mean"], "abs_mean": stats["abs_mean"],
+            "std": stats["std"], "var_unbiased": var_unbiased,
+            "var_biased": var_unbiased * (m - 1) / m if m > 1 else (0.0 if m == 1 else math.nan)}
 
 
 def _widened(x: torch.Tensor) -> torch.Tensor:
@@ -102,26 +109,6 @@ def _widened(x: torch.Tensor) -> torch.Tensor:
         return x.to(target)
     except (TypeError, RuntimeError):  # a device without that dtype (e.g. float64 on MPS)
         return x.cpu().to(target)
-
-
-def _range_without_nan(x: torch.Tensor) -> tuple[float, float]:
-    x = x[~torch.isnan(x)]
-    if x.numel() == 0:
-        return math.nan, math.nan
-    lo, hi = torch.aminmax(x)
-    return float(lo), float(hi)
-
-
-def _from_sums(f: torch.Tensor, m: int) -> dict[str, float]:
-    if m == 0:
-        return dict.fromkeys(_SUMS, math.nan)
-    total = float(f.sum(dtype=_F64))
-    abs_total = float(torch.linalg.vector_norm(f, 1, dtype=_F64))
-    squares = float(torch.linalg.vector_norm(f, 2, dtype=_F64)) ** 2
-    ss = max(squares - total * total / m, 0.0)  # rounding can take it just below zero
-    var_unbiased = ss / (m - 1) if m > 1 else math.nan
-    return {"mean": total / m, "abs_mean": abs_total / m, "var_biased": ss / m,
-            "var_unbiased": var_unbiased, "std": math.sqrt(var_unbiased)}
 
 
 def _shape_moments(f: torch.Tensor, m: int) -> dict[str, float]:

@@ -33,6 +33,9 @@ def register(sub: Any) -> None:
     p.add_argument("trace_a", metavar="TRACE_A", help="reference trace folder (or its JSON file), with payloads")
     p.add_argument("spec_b", metavar="SPEC_B", help="script.py:function or package.module:function building B")
     p.add_argument("--map", metavar="FILE", help='rename rules for A\'s paths: {"rename": [[regex, repl], ...]}')
+    p.add_argument("--match", choices=("auto", "name", "structure"), default="auto",
+                   help="how B's calls pair with A's, as in align: auto (default: top down, on the map, values, "
+                        "names and sizes), name (names and --map only), structure (auto without names and --map)")
     p.add_argument("--atol", type=float, metavar="F",
                    help="absolute tolerance on the local error (default: torch.testing's per dtype)")
     p.add_argument("--rtol", type=float, metavar="F",
@@ -56,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     from ...replaying.spec import load_model
 
     model = load_model(args.spec_b)
-    result = replay(model, args.trace_a, map=args.map, atol=args.atol, rtol=args.rtol,
+    result = replay(model, args.trace_a, map=args.map, match=args.match, atol=args.atol, rtol=args.rtol,
                     oracle=not args.no_oracle, modules=args.modules, device=args.device, progress=True,
                     patch=args.patch)
     for warning in result.warnings:
@@ -65,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
     if args.trace_b:
         from ...alignment import align
 
-        alignment = align(args.trace_a, args.trace_b, map=args.map)
+        alignment = align(args.trace_a, args.trace_b, map=args.map, match=args.match)
     emit(_render(result, args, alignment), args.output)
     if result.nothing_compared:  # never a pass, never a divergence: the input did not allow a replay
         print(f"tracediff replay: {args.spec_b}: {result.nothing_compared}", file=sys.stderr)
