@@ -227,8 +227,9 @@ COMPLETE_KEY = "complete"
 METADATA_KEYS = (
     FORMAT_VERSION_KEY, PRODUCER_KEY, "torch_version", "python_version", "transformers_version", "model_class",
     "model_name", "devices", "dtypes", "world_size", "rank", "created", "options", COMPLETE_KEY, ERROR,
-    "capture_failure", "calls", "payload_files", "payload_bytes", "verification",
+    "capture_failure", "calls", "payload_files", "payload_bytes", "verification", "forward_parameters",
 )
+FORWARD_PARAMETERS = "forward_parameters"
 
 _UNSAFE_FILE_CHARS = re.compile(r"[^\w.@+=-]")
 _PLAIN_SCALARS = (type(None), bool, int, float, str)
@@ -451,6 +452,30 @@ def metadata_entry(fields: Mapping[str, Any]) -> dict[str, Any]:
     entry = {FORMAT_VERSION_KEY: FORMAT_VERSION}
     entry.update((key, fields[key]) for key in METADATA_KEYS if key in fields and key != FORMAT_VERSION_KEY)
     return entry
+
+
+def forward_parameters(metadata: Mapping[str, Any]) -> dict[str, tuple[str, ...]]:
+    """The ``forward_parameters`` of a trace's metadata, keeping only the well-formed entries (see spec section 7).
+
+    An entry is a class name and the parameter names of its ``forward``: a list of strings, ``"*name"`` for
+    ``*args``, ``"**name"`` for ``**kwargs``, ``"*"`` before keyword-only parameters. Anything else is ignored.
+    """
+    table = metadata.get(FORWARD_PARAMETERS)
+    if not isinstance(table, dict):
+        return {}
+    return {name: tuple(names) for name, names in table.items()
+            if isinstance(name, str) and isinstance(names, list) and all(isinstance(n, str) for n in names)}
+
+
+def positional_parameter(parameters: tuple[str, ...], index: int) -> str | None:
+    """The name of the ``index``-th positional argument under ``parameters`` (``forward_parameters``), or None."""
+    for name in parameters:
+        if name.startswith("*"):
+            return None
+        if index == 0:
+            return name
+        index -= 1
+    return None
 
 
 def parse_format_version(version: Any) -> tuple[int, int] | None:

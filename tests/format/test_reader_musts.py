@@ -132,6 +132,19 @@ def test_unknown_keys_are_ignored_at_every_level(tmp_path: Path) -> None:
     assert [row.status for row in result.rows] == ["identical", "identical"]
 
 
+def test_malformed_forward_parameters_are_ignored(tmp_path: Path) -> None:
+    plain, odd = write_trace(tmp_path / "plain"), write_trace(tmp_path / "odd")
+    metadata = json.loads((odd / fmt.METADATA_FILE).read_text())
+    table = {"Linear": "input", "M": [1, "x"], "Other": {"x": 1}, "Fine": ["x", "**kwargs"]}
+    (odd / fmt.METADATA_FILE).write_text(json.dumps({**metadata, "forward_parameters": table}))
+    trace = tracediff.load_trace(odd)
+    assert [trace.forward_parameters(node) for node in trace.nodes()] == [None, None]
+    assert fmt.forward_parameters({"forward_parameters": table}) == {"Fine": ("x", "**kwargs")}
+    assert fmt.forward_parameters({"forward_parameters": ["x"]}) == {}
+    result = tracediff.align(plain, odd)
+    assert result.passed and rows(result) == rows(tracediff.align(plain, plain))
+
+
 def test_files_the_trace_does_not_reference_are_ignored(tmp_path: Path) -> None:
     plain, crowded = write_trace(tmp_path / "plain"), write_trace(tmp_path / "crowded")
     (crowded / "provenance.json").write_text(json.dumps({"versions": {"torch": "0"}}))

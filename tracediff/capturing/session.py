@@ -60,6 +60,7 @@ from .journal import Journal, claim_folder, held_claim
 from .ops import op_capture, select_ops
 from .pipeline import DEFAULT_POOL_MB, check_pipeline_options, close_pipeline, payload_pipeline
 from .signals import termination_as_interrupt
+from .signatures import forward_parameters
 from .verify import Verification, compare_outputs
 
 _TENSOR_MODES = ("full", "summary", "repr")
@@ -485,6 +486,7 @@ def _finish(
         "payload_files": encoder.files,
         "payload_bytes": encoder.payload_bytes,
         "verification": session.verification.to_dict() if session.verification is not None else None,
+        "forward_parameters": forward_parameters(model),
     })
     session.metadata = metadata
     try:

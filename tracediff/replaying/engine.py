@@ -40,7 +40,7 @@ import torch
 from torch import nn
 
 from ..alignment.pairing.calls import MATCH_MODES, match_nodes
-from ..alignment.pairing.slots import pair_tensors
+from ..alignment.pairing.slots import Parameters, pair_tensors
 from ..errors import TraceFormatError, UsageError
 from ..maps.rules import _UNSET, MapSpec, apply_rename, map_argument, rename_rules
 from ..trace.load import Trace, load_trace
@@ -305,7 +305,11 @@ class _Job:
         return CallSetup(trace=self.trace, node_a=node_a, node_b=node_b if self.shadow.trace else None,
                          module=module, twin=twin, target=Target(device, dtype, dict(slot_dtypes)), seed=self.seed,
                          b_inputs=self.shadow.inputs.get((node_b.relative_path, node_b.call_index)),
-                         atol=self.atol, rtol=self.rtol)
+                         atol=self.atol, rtol=self.rtol, parameters=self._parameters(node_a, node_b))
+
+    def _parameters(self, node_a: Node, node_b: Node) -> Parameters:
+        shadow = self.shadow.trace
+        return (self.trace.forward_parameters(node_a), shadow.forward_parameters(node_b) if shadow else None)
 
     def _replay_one(self, order: int, node_a: Node, node_b: Node) -> None:
         setup = self._setup(node_a, node_b)

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from ..alignment.pairing.slots import pair_tensors
+from ..alignment.pairing.slots import Parameters, pair_tensors
 from ..trace.model import Node, TensorRecord
 from .inputs import cast, substitute
 
@@ -31,9 +31,10 @@ def layouts_differ(node_a: Node, node_b: Node) -> bool:
 
 
 def inputs_in_b_layout(node_a: Node, node_b: Node, b_inputs: tuple[tuple[Any, ...], dict[str, Any]],
-                       load: Loader) -> tuple[tuple[Any, ...], dict[str, Any], dict[str, str]]:
+                       load: Loader, parameters: Parameters = (None, None)
+                       ) -> tuple[tuple[Any, ...], dict[str, Any], dict[str, str]]:
     """B's own ``(args, kwargs)`` of this call with A's paired tensors in place, and A's output slot -> B's."""
-    pairs, _, _ = pair_tensors(node_a, node_b)
+    pairs, _, _ = pair_tensors(node_a, node_b, parameters=parameters)
     from_a = {b.slot: a for a, b in pairs if b.slot.startswith("inputs")}
     outputs = {a.slot: b.slot for a, b in pairs if a.slot.startswith("outputs")}
 

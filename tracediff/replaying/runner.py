@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from ..alignment.pairing.permuted import pair_orders
+from ..alignment.pairing.slots import Parameters
 from ..compare.metrics import compare_tensors
 from ..compare.tolerance import default_tolerance
 from ..trace.load import Trace
@@ -41,6 +42,8 @@ class CallSetup:
     tensors: dict[str, torch.Tensor] = field(default_factory=dict)
     #: what B's own forward passed this call (the shadow run), when known: replay then uses B's layout
     b_inputs: tuple[tuple[Any, ...], dict[str, Any]] | None = None
+    #: the parameter names of A's and B's ``forward`` for this call, when the traces know them
+    parameters: Parameters = (None, None)
 
     def load(self, record: TensorRecord) -> torch.Tensor:
         """A's payload for ``record``, read once per call."""
@@ -95,7 +98,8 @@ def replay_call(setup: CallSetup, *, oracle: bool, patch: Callable[[], Any] | No
             reason = f"B's module raised {_describe_error(e)} on A's inputs"
             return CallOutcome([], NOT_COMPARABLE, reason, time.perf_counter() - started)
         in_b_layout = True
-        args, kwargs, out_slots = inputs_in_b_layout(setup.node_a, setup.node_b, setup.b_inputs, setup.load)
+        args, kwargs, out_slots = inputs_in_b_layout(setup.node_a, setup.node_b, setup.b_inputs, setup.load,
+                                                     setup.parameters)
         try:
             output = _run(setup.module, args, kwargs, setup.seed, patch)
         except Exception as again:  # noqa: BLE001 - as above, in B's own layout too

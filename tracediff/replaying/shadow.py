@@ -21,6 +21,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from .. import format as fmt
+from ..capturing.signatures import forward_parameters
 from ..capturing.stats import tensor_stats
 from ..trace.load import Trace
 from ..trace.model import Node, TensorRecord
@@ -136,5 +138,6 @@ def shadow_run(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], 
         first = str(e).strip().splitlines()[0] if str(e).strip() else ""
         run.error = f"{type(e).__name__}: {first}"
         return run
-    run.trace = Trace(directory=Path("."), json_path=Path(f"<{root_name}>"), roots=roots)
+    run.trace = Trace(directory=Path("."), json_path=Path(f"<{root_name}>"), roots=roots,
+                      metadata={fmt.FORWARD_PARAMETERS: forward_parameters(model)})
     return run

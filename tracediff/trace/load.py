@@ -55,6 +55,7 @@ class Trace:
     backward: list[Node] = field(default_factory=list)
     #: The decode step of each of ``roots`` (``step`` of a top-level call made by ``generate``), None for others.
     root_steps: list[int | None] = field(default_factory=list)
+    _parameters: dict[str, tuple[str, ...]] | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def model_name(self) -> str:
@@ -72,6 +73,12 @@ class Trace:
         found = options.get(fmt.IMPORTER_OPTION) if isinstance(options, dict) else None
         kind = found.get("kind") if isinstance(found, dict) else None
         return kind if isinstance(kind, str) else None
+
+    def forward_parameters(self, node: Node) -> tuple[str, ...] | None:
+        """The parameter names of ``node``'s ``forward`` (metadata ``forward_parameters``), or None when unknown."""
+        if self._parameters is None:
+            self._parameters = fmt.forward_parameters(self.metadata)
+        return self._parameters.get(node.module_type) if node.module_type else None
 
     @property
     def summary_only(self) -> bool:

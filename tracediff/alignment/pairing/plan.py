@@ -87,7 +87,8 @@ def plan_pairs(trace_a: Trace, trace_b: Trace, rules: RenameRules, *, match: str
     values = Values(trace_a, trace_b)
     plan = Plan(matching=matching, values=values)
     for (node_a, node_b), method, evidence in zip(matching.pairs, matching.methods, matching.evidence):
-        pairs, only_a, only_b = pair_tensors(node_a, node_b, slots, values)
+        parameters = (trace_a.forward_parameters(node_a), trace_b.forward_parameters(node_b))
+        pairs, only_a, only_b = pair_tensors(node_a, node_b, slots, values, parameters)
         for ra, rb in pairs:
             if evidence != "name":
                 plan.pairing[(id(ra), id(rb))] = evidence

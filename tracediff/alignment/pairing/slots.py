@@ -8,13 +8,18 @@ In order:
    (``inputs.args.1`` -> ``inputs.kwargs.position_embeddings.0``). A rule to
    ``""`` (or ``null``) sets the slot aside: neither compared nor unmatched
    (an argument passed only for its dtype, say).
-2. Equal slots pair (``inputs.args.0``, ``outputs.0``, ``outputs.logits``).
-3. What is left pairs in order when shapes agree (dtypes may differ):
+2. Equal slots pair (``inputs.args.0``, ``outputs.0``, ``outputs.logits``). When both traces name the
+   parameters of the callee's ``forward`` (metadata ``forward_parameters``), a positional argument goes
+   by its parameter's name: A's ``inputs.args.1`` of ``forward(x, mask)`` pairs with B's
+   ``inputs.kwargs.mask``, and no longer with B's ``inputs.args.1`` of ``forward(x, cos, sin)``.
+3. What is left pairs by value, then in order when shapes agree (dtypes may differ):
    inputs passed by position on one side and by keyword on the other, a tuple
    flattened into separate arguments (``cos, sin`` with
    ``position_embeddings=(cos, sin)``), and a plain tensor output with the
    first element or main field of a tuple, ``ModelOutput`` or dict output
-   (``outputs`` with ``outputs.0`` or ``outputs.last_hidden_state``).
+   (``outputs`` with ``outputs.0`` or ``outputs.last_hidden_state``). An argument whose parameter
+   the other side's ``forward`` also has (a mask B's forward takes but was not given) pairs only with
+   that parameter or on its values, never on its shape alone: it is listed as unpaired instead.
 
 Outputs that transformers' pruning removed from parent calls are not counted
 as unpaired.
@@ -24,6 +29,7 @@ from __future__ import annotations
 
 import math
 
+from ... import format as fmt
 from ...compare.shapes import squeezed
 from ...maps.rules import SlotRules
 from ...maps.safety import compiled
@@ -34,6 +40,9 @@ from .evidence import Values
 _SAME_VALUES = 0.75
 
 TensorPairs = list[tuple[TensorRecord, TensorRecord]]
+#: The parameter names of each side's ``forward`` (``Trace.forward_parameters``), None when unknown.
+Parameters = tuple[tuple[str, ...] | None, tuple[str, ...] | None]
+_ARGS = "inputs.args."
 
 
 def _renamed_slot(slot: str, node_a: Node, node_b: Node, rules: SlotRules) -> str:
@@ -48,42 +57,51 @@ def _renamed_slot(slot: str, node_a: Node, node_b: Node, rules: SlotRules) -> st
     return slot
 
 
-def pair_tensors(node_a: Node, node_b: Node, slots: SlotRules | None = None, values: Values | None = None
-                 ) -> tuple[TensorPairs, list[TensorRecord], list[TensorRecord]]:
+def pair_tensors(node_a: Node, node_b: Node, slots: SlotRules | None = None, values: Values | None = None,
+                 parameters: Parameters = (None, None)) -> tuple[TensorPairs, list[TensorRecord], list[TensorRecord]]:
     """Pair the tensors of two matched calls; returns (pairs, only in A, only in B). See the module docstring."""
-    by_slot_b = {t.slot: t for t in node_b.tensors}
+    names_a, names_b = parameters if parameters[0] is not None and parameters[1] is not None else (None, None)
+    by_slot_b = {_named(t.slot, names_b): t for t in node_b.tensors}
     pairs: TensorPairs = []
     left_a: list[TensorRecord] = []
     for t in node_a.tensors:
         renamed = _renamed_slot(t.slot, node_a, node_b, slots) if slots else t.slot
         if not renamed:  # a slot rule to "" (or null): never compared, never unmatched, on either side
-            by_slot_b.pop(t.slot, None)
+            by_slot_b.pop(_named(t.slot, names_b), None)
             continue
-        other = by_slot_b.get(renamed)
+        ruled = renamed != t.slot  # a slot rule names B's slot
+        key = _named(renamed, names_b if ruled else names_a)
+        other = by_slot_b.get(key)
         # an argument slot holds another argument when the sizes differ (whisper's ``xa`` and transformers'
         # ``attention_mask`` are both ``args.1``): it waits for a partner of its size; a slot rule is the
         # user's word, and an output keeps its slot (a size that differs there is the port's bug)
-        if other is not None and (renamed != t.slot or _related(t, other, values, node_a.parent is None)):
-            pairs.append((t, by_slot_b.pop(renamed)))
+        if other is not None and (ruled or _related(t, other, values, node_a.parent is None)):
+            pairs.append((t, by_slot_b.pop(key)))
         else:
             left_a.append(t)
     left_b = list(by_slot_b.values())
+    # an argument whose parameter the other side's forward also has belongs to that parameter: never a
+    # partner on shape alone
+    claimed = {id(t) for t in left_a if _claimed(t.slot, names_a, names_b)}
+    claimed |= {id(t) for t in left_b if _claimed(t.slot, names_b, names_a)}
     for head in ("inputs", "outputs", "grad_outputs", "grad_inputs") if left_a and left_b else ():
         spare_a = [t for t in left_a if t.slot.split(".")[0] == head]
         spare_b = [t for t in left_b if t.slot.split(".")[0] == head]
         found = _by_value(spare_a, spare_b, values) if values is not None else []
         taken_a, taken_b = {id(x) for x, _ in found}, {id(y) for _, y in found}
+        taken_a |= claimed
+        taken_b |= claimed
         found += _in_order_by_shape([t for t in spare_a if id(t) not in taken_a and not _known_integers(t, values)],
                                     [t for t in spare_b if id(t) not in taken_b and not _known_integers(t, values)])
         for ta, tb in found:
             pairs.append((ta, tb))
             left_a.remove(ta)
             left_b.remove(tb)
-    same_slot: dict[str, TensorRecord] = {t.slot: t for t in left_b}
+    same_slot: dict[str, TensorRecord] = {_named(t.slot, names_b): t for t in left_b}
     for ta in list(left_a):  # arguments that found no partner of their size keep their slot's
-        if ta.slot not in same_slot:
+        partner = same_slot.pop(_named(ta.slot, names_a), None)
+        if partner is None:
             continue
-        partner = same_slot.pop(ta.slot)
         if values is None or not (_known_integers(ta, values) or _known_integers(partner, values)):
             pairs.append((ta, partner))
             left_a.remove(ta)
@@ -92,6 +110,27 @@ def pair_tensors(node_a: Node, node_b: Node, slots: SlotRules | None = None, val
         left_a = [t for t in left_a if not t.slot.startswith("outputs")]
         left_b = [t for t in left_b if not t.slot.startswith("outputs")]
     return pairs, left_a, left_b
+
+
+def _named(slot: str, parameters: tuple[str, ...] | None) -> str:
+    """``inputs.args.N...`` under its parameter's name (``inputs.kwargs.mask...``) when ``parameters`` names it."""
+    if parameters is None or not slot.startswith(_ARGS):
+        return slot
+    index, _, rest = slot[len(_ARGS):].partition(".")
+    name = fmt.positional_parameter(parameters, int(index)) if index.isdigit() else None
+    if name is None:
+        return slot
+    return f"inputs.kwargs.{name}.{rest}" if rest else f"inputs.kwargs.{name}"
+
+
+def _claimed(slot: str, own: tuple[str, ...] | None, other: tuple[str, ...] | None) -> bool:
+    """Is this argument one of the other side's parameters, by name (so it may pair only with that one)?"""
+    if own is None or other is None or not slot.startswith("inputs."):
+        return False
+    named = _named(slot, own)
+    if not named.startswith("inputs.kwargs."):
+        return False
+    return named[len("inputs.kwargs."):].split(".")[0] in other
 
 
 def _related(x: TensorRecord, y: TensorRecord, values: Values | None, root: bool) -> bool:
