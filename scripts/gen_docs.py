@@ -64,7 +64,7 @@ DOCUMENTED: dict[str, list[str]] = {
     "tracediff.show": ["show_trace"],
     "tracediff.render.html": ["render_html"],
     "tracediff.render.plot": ["plot_alignment"],
-    "tracediff.demo": ["run_demo"],
+    "tracediff.demo": ["run_demo", "run_generation_demo"],
 }
 #: Documented, but importable only with an extra installed: named here without their docstrings.
 DOCUMENTED_WITH_EXTRAS = {"tracediff.steps.lightning.StepRecorderCallback": "lightning"}

@@ -31,6 +31,7 @@ from .errors import (
     OutputDirError,
     PayloadError,
     PayloadFormatError,
+    TeacherForcingError,
     TracediffError,
     TraceFormatError,
     UnsafePathError,
@@ -99,4 +100,5 @@ __all__ = [
     "OutputDirError",
     "UsageError",
     "DumpFormatError",
+    "TeacherForcingError",
 ]

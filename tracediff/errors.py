@@ -24,6 +24,7 @@ __all__ = [
     "OutputDirError",
     "UsageError",
     "DumpFormatError",
+    "TeacherForcingError",
 ]
 
 
@@ -65,3 +66,7 @@ class UsageError(TracediffError, ValueError):
 
 class DumpFormatError(TracediffError, ValueError):
     """A dump to import (``tracediff import``) is malformed, unsafe, or not of the kind named."""
+
+
+class TeacherForcingError(UsageError):
+    """A teacher-forcing reference cannot feed the port: no generated tokens, another vocabulary or prompt."""

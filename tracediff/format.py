@@ -33,7 +33,7 @@ from .errors import TraceFormatError
 
 #: ``"MAJOR.MINOR"``. A reader refuses a newer MAJOR and ignores what it does not know within a MAJOR.
 #: Traces of tracediff 0.1 carry the integer ``1``, read as ``"1.0"``.
-FORMAT_VERSION = "1.2"
+FORMAT_VERSION = "1.3"
 
 # --- files --------------------------------------------------------------------------------------------------
 
@@ -176,6 +176,18 @@ STEPS_OPTION = "steps"
 STEPS_SELECTED = "selected"
 STEPS_RECORDED = "recorded"
 STEPS_FULL = "full"
+#: On a top-level call made by ``generate``: the tokens of its step (``docs/trace-format.md``, 2.2):
+#: ``{"chosen": [id per sequence], "argmax": [...], "forced": true?, "prompt": [[...]] and "vocab_size": n on step 0}``.
+TOKENS = "tokens"
+TOKENS_CHOSEN = "chosen"
+TOKENS_ARGMAX = "argmax"
+TOKENS_FORCED = "forced"
+TOKENS_PROMPT = "prompt"
+TOKENS_VOCAB_SIZE = "vocab_size"
+#: The ``options`` key of a teacher-forced capture: ``{"reference": folder, "steps": tokens fed}`` or null.
+TEACHER_FORCING_OPTION = "teacher_forcing"
+TEACHER_FORCING_REFERENCE = "reference"
+TEACHER_FORCING_STEPS = "steps"
 #: On the root node: backward nodes in the order their gradients arrived (tracediff only).
 BACKWARD = "backward"
 GRAD_OUTPUTS = "grad_outputs"

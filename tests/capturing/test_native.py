@@ -196,7 +196,7 @@ def test_metadata_records_versions_model_devices_dtypes_and_options(tmp_path: Pa
         model(torch.ones(1))
     meta = metadata(tmp_path)
     assert meta == session.metadata
-    assert meta["format_version"] == "1.2"
+    assert meta["format_version"] == "1.3"
     assert meta["tracediff_version"] == tracediff.__version__
     assert meta["torch_version"] == torch.__version__
     assert meta["transformers_version"] == transformers.__version__
@@ -207,7 +207,7 @@ def test_metadata_records_versions_model_devices_dtypes_and_options(tmp_path: Pa
     assert (meta["world_size"], meta["rank"]) == (1, 0)
     assert meta["options"] == {"tensors": "summary", "prune_layers": False, "verify": False, "ranks": 0,
                                "full_dtensor": False, "backward": False, "ops": None, "payload_pipeline": None,
-                               "steps": None}
+                               "teacher_forcing": None, "steps": None}
     assert meta["complete"] is True and meta["error"] is None and meta["capture_failure"] is None
     assert meta["calls"] == session.calls == 3
     assert meta["payload_files"] == meta["payload_bytes"] == 0

@@ -80,8 +80,9 @@ def restrict_steps(a: Trace, b: Trace, step: int | None) -> tuple[Trace, Trace, 
 
 def _only(trace: Trace, steps: set[int]) -> Trace:
     keep = [i for i, step in enumerate(trace.root_steps) if step in steps]
+    tokens = [trace.root_tokens[i] if i < len(trace.root_tokens) else None for i in keep]
     return replace(trace, roots=[trace.roots[i] for i in keep], root_steps=[trace.root_steps[i] for i in keep],
-                   backward=[])
+                   root_tokens=tokens, backward=[])
 
 
 def sequence_starts(trace: Trace) -> dict[int, tuple[int, int]]:

@@ -48,13 +48,14 @@ from ..maps.rules import _UNSET, MapSpec, map_argument, read_map
 from ..trace.load import Trace, load_trace
 from ..trace.model import Node, TensorRecord
 from .decode_steps import restrict_steps, set_steps, step_count, summarize_steps
-from .lm_verdicts import annotate_rows, check_logits_patterns
+from .lm_verdicts import annotate_rows, check_logits_patterns, position_strip
 from .ops import annotate_op_rows, pair_ops
 from .pairing.permuted import decide_orders
 from .pairing.plan import Plan, plan_pairs
 from .pairing.unrecorded import carry_origin, mark_unrecorded_origin
 from .result import Alignment, Job, TensorComparison, Unmatched
 from .rows import RowDraft, draft_row, freeze_rows
+from .token_choices import compare_tokens
 from .verdicts.apply import check_ignore, judge
 from .verdicts.arguments import diff_arguments
 from .verdicts.noise import DEFAULT_NOISE_FACTOR
@@ -222,6 +223,8 @@ def align(
             warnings.append(note)
     marked = mark_unrecorded_origin(kept, matching.gaps_a, matching.gaps_b)  # after the origins above
     steps = summarize_steps(marked, trace_a, trace_b, selected=step, note=step_note, counts=step_counts)
+    first = next((row for row in marked if row.within_tolerance is False), None)
+    strip = position_strip(first, jobs[first.order], trace_a, trace_b) if first is not None else None
     return Alignment(
         trace_a=str(trace_a.directory), trace_b=str(trace_b.directory),
         model_a=trace_a.model_name, model_b=trace_b.model_name,
@@ -240,7 +243,7 @@ def align(
         incomplete_a=trace_a.incomplete_reason, incomplete_b=trace_b.incomplete_reason,
         allow_incomplete=bool(allow_incomplete),
         importer_a=trace_a.importer, importer_b=trace_b.importer,
-        steps=steps, logits=logits_verdicts,
+        steps=steps, logits=logits_verdicts, tokens=compare_tokens(trace_a, trace_b), position_strip=strip,
     )
 
 

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from ..compare.logits import DEFAULT_TOP_K, logits_metrics, pearson
-from ..compare.positions import positions_beyond_tolerance, sequence_dim
+from ..compare.positions import position_error_ratios, positions_beyond_tolerance, sequence_dim
 from ..errors import TracediffError, UsageError
 from ..trace.load import Trace
 from ..trace.payload import as_floats, is_complex
@@ -76,6 +76,44 @@ class LogitsVerdict:
                 "kl": list(self.kl), "kl_max": max(self.kl, default=0.0),
                 "topk_agreement": {str(k): v for k, v in self.topk_agreement.items()},
                 "flips": [flip.to_dict() for flip in self.flips]}
+
+
+@dataclass(frozen=True)
+class PositionStrip:
+    """The error of one tensor pair (the first divergence) at each token position, relative to its tolerance.
+
+    ``ratios[i]`` is the largest ``|a - b| / (atol + rtol * |a|)`` among the
+    elements at position ``start + i``: above 1 is out of tolerance.
+    """
+
+    order: int  # the row
+    start: int  # the absolute position of ``ratios[0]``
+    ratios: tuple[float, ...]
+
+    @property
+    def first(self) -> int | None:
+        """The first absolute position out of tolerance (None: none)."""
+        return next((self.start + i for i, r in enumerate(self.ratios) if r > 1), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"order": self.order, "start": self.start, "ratios": list(self.ratios), "first": self.first}
+
+
+def position_strip(row: TensorComparison, job: Job, a: Trace, b: Trace) -> PositionStrip | None:
+    """The per-position errors of ``row`` (read from both payloads), or None when it has no sequence dimension."""
+    _, ra, nb, rb = job
+    if not (ra.has_payload and rb.has_payload) or ra.shape != rb.shape or row.approximate or row.op is not None:
+        return None
+    index = root_of_calls(b).get((nb.module_path, nb.call_index))
+    start, length = sequence_starts(b).get(index, (0, None)) if index is not None else (0, None)
+    values = _read_pair(a, ra, b, rb) if length is not None else None
+    if values is None or values[0].ndim < 2:
+        return None
+    dim = sequence_dim(values[0].shape, length) if length is not None else None
+    if dim is None:
+        return None
+    ratios = position_error_ratios(values[0], values[1], atol=row.atol, rtol=row.rtol, dim=dim)
+    return PositionStrip(row.order, start, tuple(float(r) for r in ratios))
 
 
 def check_logits_patterns(logits: str | Sequence[str] | None) -> tuple[str, ...]:

@@ -69,7 +69,8 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from .decode_steps import StepAlignment
-    from .lm_verdicts import LogitsVerdict
+    from .lm_verdicts import LogitsVerdict, PositionStrip
+    from .token_choices import TokenAlignment
 
 from ..display import renderer_for, short_repr, summary_html
 from ..trace.frozen import frozen_builder, replaced
@@ -285,6 +286,8 @@ class Alignment:
     importer_b: str | None = None
     steps: StepAlignment | None = None  # generation traces: the decode steps compared and the first diverging one
     logits: tuple[LogitsVerdict, ...] = ()  # next-token verdicts of the logits rows
+    tokens: TokenAlignment | None = None  # generated tokens: where B would have chosen another token than A
+    position_strip: PositionStrip | None = None  # the first divergence's error at each token position
 
     @property
     def passed(self) -> bool:
@@ -420,6 +423,8 @@ class Alignment:
             "importer_b": self.importer_b,
             "steps": self.steps.to_dict() if self.steps is not None else None,
             "logits": [verdict.to_dict() for verdict in self.logits],
+            "tokens": self.tokens.to_dict() if self.tokens is not None else None,
+            "position_strip": self.position_strip.to_dict() if self.position_strip is not None else None,
         }
 
 

@@ -31,6 +31,7 @@ from torch import nn
 from .. import format as fmt
 from ..errors import TracediffError, UsageError
 from ..files.payloads import write_tensor_file
+from .tokens import ReferenceTokens, StepTokens
 
 _MISSING = object()
 
@@ -83,8 +84,10 @@ class StepTracker:
     """
 
     def __init__(self, model: nn.Module, encoder: Any, selected: tuple[int, ...] | None,
-                 fail: Callable[[TracediffError], None]) -> None:
+                 fail: Callable[[TracediffError], None], forcing: ReferenceTokens | None = None) -> None:
         self.model = model
+        self.forcing = forcing  # teacher forcing: the reference's tokens, fed to every generation (tokens.py)
+        self.nodes: list[dict[str, Any]] = []  # the top-level calls of the current generation, in step order
         self.encoder = encoder
         self.selected = selected
         self.fail = fail
@@ -109,9 +112,15 @@ class StepTracker:
 
         @functools.wraps(generate)
         def wrapped(*args: Any, **kwargs: Any) -> Any:
+            tokens = StepTokens(tracker.nodes, tracker.forcing) if not tracker._depth else None
+            if tokens is not None:  # a nested generate (an assistant model) records no tokens of its own
+                kwargs = tokens.install(tracker.model, args, kwargs) or kwargs
             tracker._started()
             try:
-                return generate(*args, **kwargs)
+                output = generate(*args, **kwargs)
+                if tokens is not None:
+                    tokens.finish(output)
+                return output
             finally:
                 tracker._ended()
 
@@ -145,6 +154,7 @@ class StepTracker:
         self._step += 1
         self.recorded += 1
         node[fmt.STEP] = step
+        self.nodes.append(node)
         self.encoder.forget_seen()  # never point an entry of this step to another step's payload
         if self.selected is None or step in self.selected:
             self._record(full=True, held=None)
@@ -167,6 +177,7 @@ class StepTracker:
         self._depth += 1
         if self._depth == 1:
             self._step = 0
+            self.nodes.clear()  # the list the generation's token recorder holds
 
     def _ended(self) -> None:
         self._depth -= 1

@@ -61,6 +61,7 @@ from .ops import op_capture, select_ops
 from .pipeline import DEFAULT_POOL_MB, check_pipeline_options, close_pipeline, payload_pipeline
 from .signals import termination_as_interrupt
 from .signatures import forward_parameters
+from .tokens import check_forcing_model, forcing_option, read_reference_tokens
 from .verify import Verification, compare_outputs
 
 _TENSOR_MODES = ("full", "summary", "repr")
@@ -253,6 +254,7 @@ def capture(
     writers: int | None = None,
     pool_mb: int = DEFAULT_POOL_MB,
     steps: str | Sequence[int] | None = None,
+    teacher_forcing: str | Path | None = None,
 ) -> Iterator[CaptureSession]:
     """Record every module call of ``model`` made inside the block into ``out_dir``.
 
@@ -300,6 +302,14 @@ def capture(
             every step in full. Every top-level call made by ``generate`` is
             numbered (``step``) either way. See
             :mod:`tracediff.capturing.decode_steps`.
+        teacher_forcing: a reference trace captured around ``generate``: each
+            ``model.generate(...)`` in the block is fed the reference's token
+            at every step instead of its own choice, and stops after the
+            reference's number of tokens; the model's own greedy choice is
+            recorded beside it (``tokens`` of each step). Needs transformers'
+            ``generate`` without beam search, the reference's vocabulary size
+            and prompt. Default None: the model chooses. See
+            :mod:`tracediff.capturing.tokens`.
 
     Yields:
         A ``CaptureSession``, complete once the block exits.
@@ -308,11 +318,17 @@ def capture(
         OutputDirError: ``out_dir`` is a file, not writable, or holds a trace;
             or writing a payload failed mid-capture (the trace written so far
             is kept and marked incomplete).
+        TeacherForcingError: ``teacher_forcing`` holds no generated tokens,
+            or another vocabulary (before anything is written), or another
+            prompt (when ``generate`` is called).
     """
     if tensors not in _TENSOR_MODES:
         raise UsageError(f"tensors={tensors!r}: expected one of {', '.join(_TENSOR_MODES)}")
     check_pipeline_options(writers, pool_mb)
     selected_steps = parse_steps(steps)
+    forcing = read_reference_tokens(teacher_forcing) if teacher_forcing is not None else None
+    if forcing is not None:
+        check_forcing_model(forcing, model)
     op_selection = select_ops(model, ops, exclude=ops_exclude, inside=ops_in, min_numel=ops_min_numel)
     rank, world = current_rank(), world_size()
     recording = ranks == "all" or ranks == rank
@@ -339,7 +355,7 @@ def capture(
     bar = _progress_bar(progress)
     recorder = _NativeRecorder(model, encoder, bar)
     recorder.journal = Journal(folder)
-    recorder.steps = StepTracker(model, encoder, selected_steps, fail=recorder.stopped)
+    recorder.steps = StepTracker(model, encoder, selected_steps, fail=recorder.stopped, forcing=forcing)
     op_recorder = op_capture(recorder, op_selection)
     patch = ForwardPatch(model, op_recorder or recorder, root_name=recorder.model_name)
     recorder.backward = BackwardRecorder(model, recorder.model_name, recorder._encode, recorder.counts,
@@ -347,7 +363,8 @@ def capture(
     options = {"tensors": tensors, "prune_layers": prune_layers, "verify": verify, "ranks": ranks,
                "full_dtensor": full_dtensor, "backward": backward,
                "ops": op_recorder.selection.to_dict() if op_recorder else None,
-               "payload_pipeline": pipeline.options if pipeline is not None else None}
+               "payload_pipeline": pipeline.options if pipeline is not None else None,
+               fmt.TEACHER_FORCING_OPTION: forcing_option(forcing)}
     started = _dt.datetime.now(_dt.timezone.utc)
     raised = False
     quiet = warnings.catch_warnings()

@@ -35,6 +35,7 @@ from .decode_steps import parse_steps
 from .journal import claim_folder
 from .pipeline import DEFAULT_POOL_MB
 from .session import CaptureSession, capture
+from .tokens import check_forcing_model, check_forcing_prompt, prompt_ids, read_reference_tokens
 
 Inputs = tuple[tuple[Any, ...], dict[str, Any]]
 
@@ -237,6 +238,7 @@ def capture_spec(
     generate: bool = False,
     max_new_tokens: int | None = None,
     steps: str | Sequence[int] | None = None,
+    teacher_forcing: str | Path | None = None,
 ) -> CaptureSession:
     """Load a SPEC, optionally replace its inputs, and capture one forward under ``torch.no_grad()``.
 
@@ -262,6 +264,10 @@ def capture_spec(
     forward (with ``max_new_tokens`` when given), and each forward pass is
     recorded as a decode step; ``steps`` selects the steps written in full
     (see :mod:`tracediff.capturing.decode_steps`). Default: one forward.
+    ``teacher_forcing`` (with ``generate``) feeds the reference trace's tokens
+    to ``generate`` step by step (see :mod:`tracediff.capturing.tokens`); the
+    reference is checked before the model is built, and its prompt and
+    vocabulary against the model's before anything is captured.
 
     The output folder is checked before the model is built, and an earlier
     trace in it is replaced only once the model and its inputs are ready.
@@ -270,11 +276,14 @@ def capture_spec(
     if not generate and (steps is not None or max_new_tokens is not None):
         raise UsageError("steps and max_new_tokens concern the forward passes of model.generate: add generate=True "
                          "(--generate)")
+    if not generate and teacher_forcing is not None:
+        raise UsageError("teacher_forcing feeds tokens to model.generate: add generate=True (--generate)")
     if max_new_tokens is not None and (type(max_new_tokens) is not int or max_new_tokens < 1):
         raise UsageError(f"max_new_tokens={max_new_tokens!r}: expected a number of tokens, 1 or more")
     if generate and backward:
         raise UsageError("generate and backward cannot be combined: capture a forward with backward")
     parse_steps(steps)
+    forcing = read_reference_tokens(teacher_forcing) if teacher_forcing is not None else None
     parse_dtype(dtype), parse_device(device)  # a bad --dtype/--device fails before the model is built
     # Taken now, held until the capture ends: a second capture into the folder meanwhile is refused.
     claim = claim_folder(Path(out_dir), overwrite=overwrite)
@@ -287,6 +296,9 @@ def capture_spec(
         if save_inputs_to is not None:
             save_inputs(save_inputs_to, (args, kwargs))
         model, args, kwargs = to_conditions(model, args, kwargs, dtype=dtype, device=device)
+        if forcing is not None:
+            check_forcing_model(forcing, model)
+            check_forcing_prompt(forcing, prompt_ids(args, kwargs))
     except BaseException:
         claim.release()
         raise
@@ -297,7 +309,7 @@ def capture_spec(
                                 verify=verify, prune_layers=prune_layers, backward=backward,
                                 progress=progress, ops=ops, ops_exclude=ops_exclude, ops_in=ops_in,
                                 ops_min_numel=ops_min_numel, writers=writers, pool_mb=pool_mb,
-                                steps=steps) as session:
+                                steps=steps, teacher_forcing=teacher_forcing) as session:
             if generate:
                 extra = {"max_new_tokens": max_new_tokens} if max_new_tokens is not None else {}
                 output = cast(Any, model).generate(*args, **kwargs, **extra)

@@ -49,3 +49,21 @@ def positions_beyond_tolerance(a: np.ndarray, b: np.ndarray, *, atol: float, rto
     per_position = np.moveaxis(bad, dim, 0).reshape(a.shape[dim], -1).any(axis=1)
     hits = np.flatnonzero(per_position)
     return PositionErrors(dim, int(hits[0]) if hits.size else None, int(hits.size), int(a.shape[dim]))
+
+
+def position_error_ratios(a: np.ndarray, b: np.ndarray, *, atol: float, rtol: float, dim: int) -> np.ndarray:
+    """Per position along ``dim``: the largest ``|a - b| / (atol + rtol * |a|)`` of its elements.
+
+    At most 1 within tolerance (the pass rule above); 0 where the elements are
+    equal (NaN against NaN, an infinity against the same one), infinity where
+    one side is NaN or the tolerance is zero and the elements differ.
+    """
+    a64, b64 = a.astype(np.float64, copy=False), b.astype(np.float64, copy=False)
+    with np.errstate(all="ignore"):
+        diff = np.abs(a64 - b64)
+        ratio = np.where(diff == 0, 0.0, diff / (atol + rtol * np.abs(a64)))
+        ratio = np.where((np.isnan(a64) & np.isnan(b64)) | (np.isinf(a64) & (a64 == b64)), 0.0, ratio)
+        ratio = np.where(np.isnan(ratio), np.inf, ratio)
+    if not ratio.size:
+        return np.zeros(a.shape[dim])
+    return np.moveaxis(ratio, dim, 0).reshape(a.shape[dim], -1).max(axis=1)

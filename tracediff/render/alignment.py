@@ -125,9 +125,34 @@ def step_lines(result: Alignment) -> list[str]:
              + (f"; first diverging step {steps.first_diverging_step} ({len(steps.diverged)} of "
                 f"{len(steps.compared)} steps diverge)" if steps.first_diverging_step is not None
                 else "; every step within tolerance")]
+    lines += token_lines(result)
     for verdict in result.logits:
         if verdict.flips or max(verdict.kl, default=0.0) > 0:
             lines.append("  " + logits_line(verdict))
+    return lines
+
+
+def token_lines(result: Alignment, *, limit: int = 3) -> list[str]:
+    """The generated tokens: teacher forcing or where the two sides parted, then where B would have chosen
+    another token than A (the first ``limit``)."""
+    tokens = result.tokens
+    if tokens is None:
+        return []
+    steps = len(tokens.compared)
+    if tokens.forced:
+        head = (f"teacher forcing: B read A's tokens; B would have chosen another token at {len(tokens.choices)} "
+                f"of {steps} steps" if tokens.choices else
+                f"teacher forcing: B read A's tokens; B would have chosen A's token at every step ({steps})")
+    elif tokens.parted_at is not None:
+        head = (f"generated tokens: A and B chose other tokens at step {tokens.parted_at}; later steps read other "
+                f"tokens (capture B with --teacher-forcing A to feed it A's tokens)")
+    else:
+        head = f"generated tokens: A and B chose the same tokens at every step compared ({steps})"
+    lines = [head]
+    for choice in tokens.choices[:limit]:
+        lines.append("  " + choice.describe())
+    if len(tokens.choices) > limit:
+        lines.append(f"  ... and {len(tokens.choices) - limit} more")
     return lines
 
 

@@ -32,7 +32,7 @@ from typing import Any
 
 from .._version import __version__
 from ..alignment.result import TABLE_COLUMNS, Alignment, TensorComparison
-from .alignment import step_lines
+from .alignment import step_lines, token_lines
 from .verdicts import baseline_line, origin_note
 
 _LIST_LIMIT = 1000
@@ -135,7 +135,7 @@ def _header(result: Alignment, heading: str, verdict: str, first: TensorComparis
             f"<b>{_e(_num(first.max_rel_err))}</b>, cosine {_e(_num(first.cosine))}; {_e(first.reason)}</li>"
             f"<li>tolerance atol={_e(_num(first.atol))} rtol={_e(_num(first.rtol))}; would pass with "
             f"atol&ge;{_e(_num(first.required_atol))} or rtol&ge;{_e(_num(first.required_rtol))}</li>"
-            f"{amplification}</ul>"
+            f"{amplification}</ul>{_position_strip(result)}"
             '<a href="#table" class="jump" data-order-link="first">show in the table</a></div>'
         )
     elif result.passed:
@@ -366,6 +366,35 @@ def _list_table(headers: list[str], rows: list[list[Any]]) -> str:
            f"</table></div>{more}"
 
 
+_STRIP_CELLS = 256
+
+
+def _position_strip(result: Alignment) -> str:
+    """One cell per token position of the first diverging tensor, coloured by its error over the tolerance, the
+    first position out of tolerance marked (positions share a cell, by their worst, past ``_STRIP_CELLS``)."""
+    strip = result.position_strip
+    if strip is None or not strip.ratios:
+        return ""
+    n = len(strip.ratios)
+    per_cell = -(-n // _STRIP_CELLS)
+    first = strip.first
+    cells = []
+    for i in range(0, n, per_cell):
+        ratio = max(strip.ratios[i:i + per_cell])
+        low, high = strip.start + i, strip.start + min(i + per_cell, n) - 1
+        where = f"position {low}" if low == high else f"positions {low}-{high}"
+        level = ("exact" if ratio == 0 else "close" if ratio <= 1 else "sev1" if ratio <= 10
+                 else "sev2" if ratio <= 100 else "sev3")
+        marked = first is not None and low <= first <= high
+        cells.append(f'<span class="cell {level}{" first-bad" if marked else ""}" '
+                     f'title="{_e(where)}: {_e(_num(ratio))} &times; tolerance"></span>')
+    end = strip.start + n - 1
+    note = f"first out of tolerance: position {first}" if first is not None else "every position within tolerance"
+    return (f'<div class="strip" id="position-strip"><span class="strip-label">error per position '
+            f"{strip.start}&ndash;{end} ({_e(note)})</span>"
+            f'<div class="cells">{"".join(cells)}</div></div>')
+
+
 def _steps_section(result: Alignment) -> str:
     """Generation traces: the decode steps compared, the first diverging one, and each logits verdict."""
     if result.steps is None:
@@ -376,7 +405,7 @@ def _steps_section(result: Alignment) -> str:
                        + {True: ", benign)", False: ", beyond noise)", None: ")"}[f.benign] for f in v.flips[:3])]
             for v in result.logits]
     return ('<section id="steps"><h2>Decode steps</h2>'
-            + "".join(f"<p>{_e(line.strip())}</p>" for line in step_lines(result)[:1])
+            + "".join(f"<p>{_e(line.strip())}</p>" for line in step_lines(result)[:1] + token_lines(result))
             + _list_table(["step", "module (B)", "tensor", "KL max", "top-k agreement", "argmax flips",
                            "first flips"], rows) + "</section>")
 

@@ -30,7 +30,7 @@ from ..errors import PayloadError, TraceFormatError
 from ..files.confine import check_regular_file, resolve_inside
 from ..files.payloads import read_tensor_file
 from .frozen import frozen_builder
-from .model import Node, ReprValue, TensorRecord
+from .model import Node, ReprValue, StepTokens, TensorRecord
 from .reading import incomplete_reason, journal_of, read_tree
 from .validate import TreeChecker, value_problem
 
@@ -55,6 +55,8 @@ class Trace:
     backward: list[Node] = field(default_factory=list)
     #: The decode step of each of ``roots`` (``step`` of a top-level call made by ``generate``), None for others.
     root_steps: list[int | None] = field(default_factory=list)
+    #: The tokens of each of ``roots`` (``tokens`` of a decode step: chosen, argmax), None where not recorded.
+    root_tokens: list[StepTokens | None] = field(default_factory=list)
     _parameters: dict[str, tuple[str, ...]] | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
@@ -166,12 +168,13 @@ def load_trace(path: str | Path) -> Trace:
         for call in later:
             roots.append(builder.node(call, None, 0, "the top"))
         steps = [builder.check.step(call) for call in [tree, *later]]
+        tokens = [builder.check.tokens(call, step) for call, step in zip([tree, *later], steps)]
         backward = builder.backward(backward_entries)
     except RecursionError:
         raise TraceFormatError(f"{json_path}: the call tree nests too deeply to be read; refused") from None
     del tree, later, backward_entries
     trace = Trace(directory=directory, json_path=json_path, roots=roots, metadata=metadata, backward=backward,
-                  root_steps=steps)
+                  root_steps=steps, root_tokens=tokens)
     if trace.producer == "transformers":
         _mark_overwritten_payloads(trace)
     return trace

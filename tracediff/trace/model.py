@@ -30,6 +30,23 @@ class ReprValue(str):
     __slots__ = ()
 
 
+@dataclass(frozen=True)
+class StepTokens:
+    """The tokens of one decode step (``tokens`` of its top-level call, ``docs/trace-format.md`` 2.2).
+
+    ``chosen``: per sequence, the token ``generate`` appended after the step
+    (under teacher forcing, the reference's: ``forced``); ``argmax``: the
+    token with the highest score (what greedy decoding picks). ``prompt`` and
+    ``vocab_size`` are known on step 0 only.
+    """
+
+    chosen: tuple[int, ...]
+    argmax: tuple[int, ...]
+    forced: bool = False
+    prompt: tuple[tuple[int, ...], ...] | None = None
+    vocab_size: int | None = None
+
+
 @dataclass(frozen=True, slots=True)  # no per-record __dict__: a large trace holds hundreds of thousands
 class TensorRecord:
     """One recorded tensor of a node: where it sits, what it looked like, where its payload is."""

@@ -26,7 +26,7 @@ from typing import Any
 
 from .. import format as fmt
 from ..errors import TraceFormatError
-from .model import Node
+from .model import Node, StepTokens
 
 _MAX_DIMS = 64
 _DIM = re.compile(r"\d+")
@@ -38,6 +38,11 @@ _STATS = frozenset(fmt.STAT_KEYS)
 
 def _int_in(value: Any, low: int, high: int) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and low <= value < high
+
+
+def _token_ids(value: Any, *, empty: bool = False) -> bool:
+    """True for a list of token ids (whole numbers, 0 or more), not empty unless ``empty``."""
+    return isinstance(value, list) and (empty or bool(value)) and all(_int_in(v, 0, _INT64) for v in value)
 
 
 def value_problem(value: Any) -> str | None:
@@ -88,6 +93,29 @@ class TreeChecker:
         if step is not None and not (type(step) is int and 0 <= step < _MAX_CALL_INDEX):
             raise self.fail(node[fmt.MODULE_PATH], f"'step' is {step!r:.40}; expected a whole number, 0 or more")
         return step
+
+    def tokens(self, node: dict[str, Any], step: int | None) -> StepTokens | None:
+        """The tokens of a decode step (``tokens``), None when it has none; refused unless as the format says."""
+        found = node.get(fmt.TOKENS)
+        if found is None:
+            return None
+        where = node[fmt.MODULE_PATH]
+        if step is None or type(found) is not dict:
+            raise self.fail(where, "'tokens' belongs to a decode step (with 'step') and is an object")
+        chosen, argmax = found.get(fmt.TOKENS_CHOSEN), found.get(fmt.TOKENS_ARGMAX)
+        if not (isinstance(chosen, list) and isinstance(argmax, list) and _token_ids(chosen) and _token_ids(argmax)
+                and len(chosen) == len(argmax)):
+            raise self.fail(where, f"'tokens' of step {step}: 'chosen' and 'argmax' are not lists of token ids of "
+                                   "one length")
+        prompt, vocab = found.get(fmt.TOKENS_PROMPT), found.get(fmt.TOKENS_VOCAB_SIZE)
+        if step != 0 and (prompt is not None or vocab is not None):
+            raise self.fail(where, f"'tokens' of step {step}: 'prompt' and 'vocab_size' belong to step 0")
+        if prompt is not None and not (isinstance(prompt, list) and all(_token_ids(p, empty=True) for p in prompt)):
+            raise self.fail(where, "'tokens' of step 0: 'prompt' is not a list of token-id lists")
+        if vocab is not None and not _int_in(vocab, 1, _INT64):
+            raise self.fail(where, f"'tokens' of step 0: 'vocab_size' is {vocab!r:.40}; expected a whole number")
+        return StepTokens(tuple(chosen), tuple(argmax), found.get(fmt.TOKENS_FORCED) is True,
+                          tuple(tuple(p) for p in prompt) if prompt is not None else None, vocab)
 
     def backward_entry(self, i: int, entry: Any) -> None:
         """Check backward entry ``i`` (its own fields; its tensors are checked as they are read)."""

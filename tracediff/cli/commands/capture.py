@@ -49,6 +49,10 @@ def register(sub: Any) -> None:
     p.add_argument("--steps", metavar="LIST",
                    help="with --generate: the decode steps whose tensors are written in full, e.g. 0,1,-1 (negative: "
                         "from the last); the others keep statistics only (default: every step in full)")
+    p.add_argument("--teacher-forcing", metavar="REF_TRACE",
+                   help="with --generate: feed the tokens the reference trace generated, step by step, instead of "
+                        "the model's own choice (its greedy choice is recorded; align reports where it differs); "
+                        "the reference must come from the same prompt and vocabulary")
     add_ops_options(p)
     p.add_argument("--dtype", metavar="DTYPE",
                    help="cast the model and its floating inputs first (bfloat16, float16, float32, float64): "
@@ -72,11 +76,13 @@ def run(args: argparse.Namespace) -> int:
                            dtype=args.dtype, device=args.device, inputs_map=parse_inputs_map(args.inputs_map),
                            on_note=lambda note: print(f"tracediff capture: {note}"), writers=args.writers,
                            pool_mb=args.pool_mb, generate=args.generate, max_new_tokens=args.max_new_tokens,
-                           steps=args.steps, **ops_kwargs(args))
+                           steps=args.steps, teacher_forcing=args.teacher_forcing, **ops_kwargs(args))
     size = session.payload_bytes / 1e6
     ops = f" and {session.ops} ops" if session.ops else ""
     steps = session.metadata.get("options", {}).get("steps")
     recorded = f" in {steps['recorded']} decode steps ({len(steps['full'])} in full)" if steps else ""
+    forced = session.metadata.get("options", {}).get("teacher_forcing")
+    recorded += f", fed the {forced['steps']} tokens of {forced['reference']}" if forced else ""
     print(f"captured {session.calls} module calls{ops}{recorded} into {session.trace_dir} "
           f"({session.files} payload files, {size:.1f} MB)")
     if session.verification is not None:

@@ -12,11 +12,15 @@ from ..exit_codes import exit_codes_help
 EXAMPLE = """examples:
   tracediff demo
   tracediff demo --out /tmp/tracediff-demo --overwrite
+  tracediff demo --generate --out /tmp/tracediff-generate
 
 A reference transformer and a port of it (other module names, weights copied,
 one planted bug) run on the same tokens under capture; the traces are aligned
 through the rename map the demo writes, and the first divergence is printed.
-Nothing is downloaded; it takes a few seconds."""
+With --generate, a tiny decoder generates 6 tokens with a KV cache, and its
+port has a bug of decode steps only; the alignment names the first diverging
+decode step, token position and module. Nothing is downloaded; it takes a few
+seconds."""
 
 
 def register(sub: Any) -> None:
@@ -29,6 +33,9 @@ def register(sub: Any) -> None:
     p.add_argument("--out", default="tracediff-demo", metavar="DIR",
                    help="demo folder (default: tracediff-demo in the current directory)")
     p.add_argument("--overwrite", action="store_true", help="replace the files of an earlier demo in DIR")
+    p.add_argument("--generate", action="store_true",
+                   help="the generation story: capture model.generate step by step, and find a bug that shows only "
+                        "in decode steps")
     p.set_defaults(run=run)
 
 
@@ -36,6 +43,8 @@ def run(args: argparse.Namespace) -> int:
     from ...demo import run_demo
     from ...render.alignment import headline
 
+    if args.generate:
+        return _run_generation(args)
     demo = run_demo(args.out, overwrite=args.overwrite)
     ref, port, rename, report = (shlex.quote(str(p)) for p in (demo.reference_trace, demo.port_trace,
                                                                demo.rename_map, demo.report))
@@ -57,6 +66,38 @@ def run(args: argparse.Namespace) -> int:
         f"  tracediff align {ref} {port} --map {rename}",
         f"  tracediff align {ref} {port} --map {rename} --format html -o {report}",
         f"  tracediff plot {ref} {port} --map {rename} -o errors.png",
+    ]
+    sys.stdout.write("\n".join(lines) + "\n")
+    return 0 if demo.found_bug else 1
+
+
+def _run_generation(args: argparse.Namespace) -> int:
+    from ...demo import run_generation_demo
+    from ...render.alignment import headline
+
+    demo = run_generation_demo(args.out, overwrite=args.overwrite)
+    ref, port, report = (shlex.quote(str(p)) for p in (demo.reference_trace, demo.port_trace, demo.report))
+    first = demo.alignment.first_divergence
+    found = (f"found it: decode step {first.step}, position {first.position}, {first.module_path_b}: the planted bug"
+             if demo.found_bug and first is not None
+             else "NOT found: the first divergence is elsewhere (please report this)")
+    lines = [
+        "tracediff demo --generate: a tiny decoder generating with a KV cache, and a port of it with a bug of decode "
+        "steps only",
+        f"  reference trace  {demo.reference_trace}",
+        f"  port trace       {demo.port_trace}",
+        "",
+        *headline(demo.alignment),
+        "",
+        f"planted bug: in decode steps, {demo.bug_module} rotates the new token one position late (the prefill "
+        "is right)",
+        found,
+        f"HTML report: {demo.report}",
+        "",
+        "try next:",
+        f"  tracediff align {ref} {port} --step {demo.bug_step}",
+        f"  tracediff align {ref} {port} --step 0   # the prefill passes",
+        f"  tracediff align {ref} {port} --format html -o {report}",
     ]
     sys.stdout.write("\n".join(lines) + "\n")
     return 0 if demo.found_bug else 1
