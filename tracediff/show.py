@@ -98,6 +98,9 @@ class NodeView:
     phase: str = "forward"
     #: An op node (op-level capture): the qualified op name; ``module_path`` is the enclosing call's.
     op: str | None = None
+    #: An op node: its ``op_index`` as recorded in the trace, the ``#N`` of ``name`` and the ``op_index`` that
+    #: ``tracediff align`` reports for the op (B's; A's is in its rows' ``tensor_a``).
+    op_index: int | None = None
 
     @property
     def nonfinite(self) -> bool:
@@ -110,7 +113,7 @@ class NodeView:
             "phase": self.phase, "context": self.context, "error": self.error, "nonfinite": self.nonfinite,
             "values": {slot: text for slot, text in self.values},
             "tensors": [t.to_dict() for t in self.tensors],
-        } | ({"op": self.op} if self.op is not None else {})
+        } | ({"op": self.op, "op_index": self.op_index} if self.op is not None else {})
 
 
 @dataclass(frozen=True)
@@ -302,7 +305,7 @@ def _view(node: Node, *, context: bool) -> NodeView:
     return _build_node_view(
         module_path=node.module_path, relative_path=node.relative_path, name=name, call_index=node.call_index,
         module_type=node.module_type if node.op is None else None, depth=node.depth, tensors=tensors,
-        values=values, error=error, context=context, phase=phase, op=node.op,
+        values=values, error=error, context=context, phase=phase, op=node.op, op_index=node.op_index,
     )
 
 

@@ -10,6 +10,9 @@ the planted bugs:
   instead of ``repeat_interleave`` (k0 k0 k1 k1);
 * ``scale``: scores scaled by ``1 / head_dim`` instead of ``head_dim ** -0.5``.
 
+and one variant that is no bug: ``scale_first`` scales q before ``q @ k^T``
+instead of the scores after it (the same math in another order).
+
 The ``build_*`` functions are capture SPECs (``ops_models.py:build_port_scale``).
 """
 
@@ -67,7 +70,10 @@ def attention_forward(self: nn.Module, hidden_states: torch.Tensor,
     else:
         k, v = torch.repeat_interleave(k, n_rep, dim=1), torch.repeat_interleave(v, n_rep, dim=1)
     scale = 1.0 / self.head_dim if bug == "scale" else self.head_dim ** -0.5
-    scores = torch.matmul(q, k.transpose(2, 3)) * scale
+    if bug == "scale_first":
+        scores = torch.matmul(q * scale, k.transpose(2, 3))
+    else:
+        scores = torch.matmul(q, k.transpose(2, 3)) * scale
     if attention_mask is not None:
         scores = scores + attention_mask
     probs = torch.softmax(scores, dim=-1)

@@ -164,7 +164,8 @@ def align(
     plan = plan_pairs(trace_a, trace_b, rules, match=match, slots=list(rename_map.slots))  # calls, tensors, layouts
     matching = plan.matching
     jobs, unmatched_a, unmatched_b = list(plan.jobs), list(plan.unmatched_a), list(plan.unmatched_b)
-    op_pairing = pair_ops(trace_a, trace_b, matching.pairs, policy)  # op nodes, inside matched calls
+    # op nodes, inside matched calls: what flows from the module tensors paired above into ops is linked
+    op_pairing = pair_ops(trace_a, trace_b, matching.pairs, policy, values=plan.values, tensor_pairs=plan.jobs)
     jobs += op_pairing.jobs
     unmatched_a += op_pairing.unmatched_a
     unmatched_b += op_pairing.unmatched_b

@@ -18,7 +18,11 @@ ran inside them). ``growth = excess / max(incoming, 1)``: an excess of at most
 1 is noise, so the incoming error never counts for less than 1.
 
 A row is a **source** when it is out of tolerance and either nothing beyond
-noise flowed into it or its growth exceeds ``noise_factor``. Sources are
+noise flowed into it or its growth exceeds ``noise_factor``. NaN and
+infinities are the exception: an op output holding them where the other side
+holds none is a source when B's op made them from finite inputs (a ``log`` of
+a negative, an ``exp`` that overflows), and never when one of its inputs held
+them already (it spread them), whatever flowed in. Sources are
 listed in execution order; a row out of tolerance that is no source is
 ``inherited``. A source's ``origin`` is ``introduced`` for an output (the
 module's own code), ``between modules`` for an input (the caller's own code
@@ -73,6 +77,7 @@ def excess(row: TensorComparison, record_a: TensorRecord) -> float | None:
     return math.inf if error > 0 else 0.0
 
 
+_NONFINITE = ("nan", "posinf", "neginf")
 _ROLES = {"inputs": ("forward", "in"), "outputs": ("forward", "out"),
           "grad_outputs": ("backward", "in"), "grad_inputs": ("backward", "out")}
 
@@ -106,8 +111,10 @@ def find_sources(rows: Sequence[RowDraft], nodes_b: Sequence[Node], records_a: S
             incoming = running.get((phase, id(enclosing)), 0.0) if enclosing is not None else 0.0
             growth = None if value is None else (value / max(incoming, 1.0) if not math.isinf(value) or
                                                  not math.isinf(incoming) else 1.0)
+            made = made_nonfinite(row, node) if side == "out" else None
             is_source = bool(diverged and not (never_source and never_source[index])
-                             and (incoming <= 1.0 or (growth is not None and growth > noise_factor)))
+                             and (made if made is not None else
+                                  incoming <= 1.0 or (growth is not None and growth > noise_factor)))
         row.growth = growth
         if diverged:
             row.origin = _origin(side, phase, node) if is_source else "inherited"
@@ -119,6 +126,18 @@ def find_sources(rows: Sequence[RowDraft], nodes_b: Sequence[Node], records_a: S
         if value is not None:
             _raise_running(running, phase, node, value)
     return flags
+
+
+def made_nonfinite(row: RowDraft, node: Node) -> bool | None:
+    """For an op output holding NaN or infinities where the other side holds none: True when B's op made them
+    from finite inputs, False when one of its inputs held them already (it spread them); None otherwise
+    (not an op, no such mismatch, or counts not recorded)."""
+    if node.op is None or not (row.nan_mismatch or row.inf_mismatch):
+        return None
+    counts = [[r.stats.get(key) for key in _NONFINITE] for r in node.inputs()]
+    if any(not isinstance(n, (int, float)) for c in counts for n in c):
+        return None
+    return not any(n for c in counts for n in c)
 
 
 def _origin(side: str, phase: str, node: Node) -> str:

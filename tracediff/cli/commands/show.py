@@ -18,7 +18,9 @@ EXAMPLE = """examples:
 --path is a glob over module paths, relative (layers.0.mlp) or full
 (LlamaModel.layers.0.mlp); '*' also crosses dots. Matching calls are shown
 with everything below them (down to --depth levels) and their ancestors.
-Tensors holding NaN or Inf are flagged, and the first one is named."""
+Tensors holding NaN or Inf are flagged, and the first one is named. Ops
+(capture --ops) are listed as '#N op' lines, N their recorded op_index: the
+number tracediff align reports for them."""
 
 
 def register(sub: Any) -> None:
