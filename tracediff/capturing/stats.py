@@ -117,19 +117,22 @@ def wide_stats(tensor: torch.Tensor, *, buffers: StatsBuffers | None = None) -> 
 
 
 def _float_stats(flat: torch.Tensor, n: int, buffers: StatsBuffers) -> dict[str, Any]:
-    parts = [fast_partials(flat if n <= CHUNK else flat[start:start + CHUNK], buffers) for start in range(0, n, CHUNK)]
-    values = torch.cat(parts).tolist()
-    chunks = [values[k:k + 6] for k in range(0, len(values), 6)]
-    if not all(math.isfinite(c[0]) and math.isfinite(c[1]) for c in chunks):
+    if n <= CHUNK:  # one chunk: no concatenation, no sums of sums
+        lo, hi, total, squares, abs_total, nonzero = fast_partials(flat, buffers).tolist()
+        lows, highs = (lo,), (hi,)
+    else:
+        values = torch.cat([fast_partials(flat[start:start + CHUNK], buffers) for start in range(0, n, CHUNK)]).tolist()
+        lows, highs = values[0::6], values[1::6]
+        total, squares, abs_total = math.fsum(values[2::6]), math.fsum(values[3::6]), math.fsum(values[4::6])
+        nonzero = math.fsum(values[5::6])
+    if not all(math.isfinite(v) for v in (*lows, *highs)):
         return wide_stats(flat, buffers=buffers)
-    total, squares, abs_total = (math.fsum(c[k] for c in chunks) for k in (2, 3, 4))
-    largest = max(abs(min(c[0] for c in chunks)), abs(max(c[1] for c in chunks)))
-    if not math.isfinite(total + squares + abs_total) or (largest and squares < _SQUARES_FLOOR):
+    lo, hi = min(lows), max(highs)
+    if not math.isfinite(total + squares + abs_total) or (max(abs(lo), abs(hi)) and squares < _SQUARES_FLOOR):
         # float32 squares overflow above ~1.8e19 and underflow below ~1e-19 (and sums of values near
         # float32's max overflow too): measure again in float64.
         return wide_stats(flat, buffers=buffers)
-    sizes = [min(CHUNK, n - start) for start in range(0, n, CHUNK)]
-    return float_summary(n, [(*c, size, 0, 0) for c, size in zip(chunks, sizes)])
+    return _summary(n, lo, hi, total, squares, abs_total, round(nonzero), n, 0, 0)
 
 
 def fast_partials(x: torch.Tensor, buffers: StatsBuffers) -> torch.Tensor:
@@ -168,11 +171,15 @@ def wide_partials(x: torch.Tensor, buffers: StatsBuffers) -> torch.Tensor:
 
 def float_summary(n: int, chunks: Sequence[Sequence[float]]) -> dict[str, Any]:
     """The floating statistics of ``n`` elements from the ``wide_partials`` layout of each chunk."""
-    lo = min(c[0] for c in chunks)
-    hi = max(c[1] for c in chunks)
     total, squares, abs_total = (math.fsum(c[k] for c in chunks) for k in (2, 3, 4))
-    nonzero = round(math.fsum(c[5] for c in chunks))
-    finite, nan, posinf = (round(math.fsum(c[k] for c in chunks)) for k in (6, 7, 8))
+    nonzero, finite, nan, posinf = (round(math.fsum(c[k] for c in chunks)) for k in (5, 6, 7, 8))
+    return _summary(n, min(c[0] for c in chunks), max(c[1] for c in chunks), total, squares, abs_total, nonzero,
+                    finite, nan, posinf)
+
+
+def _summary(n: int, lo: float, hi: float, total: float, squares: float, abs_total: float, nonzero: int,
+             finite: int, nan: int, posinf: int) -> dict[str, Any]:
+    """The recorded keys from the sums over the ``finite`` elements and the counts: every formula, once."""
     neginf = n - finite - nan - posinf
     mean = total / finite if finite else math.nan
     var = (squares - total * total / finite) / (finite - 1) if finite > 1 else math.nan
