@@ -117,6 +117,8 @@ def wide_stats(tensor: torch.Tensor, *, buffers: StatsBuffers | None = None) -> 
 
 
 def _float_stats(flat: torch.Tensor, n: int, buffers: StatsBuffers) -> dict[str, Any]:
+    lows: Sequence[float]
+    highs: Sequence[float]
     if n <= CHUNK:  # one chunk: no concatenation, no sums of sums
         lo, hi, total, squares, abs_total, nonzero = fast_partials(flat, buffers).tolist()
         lows, highs = (lo,), (hi,)
