@@ -167,6 +167,14 @@ CHILDREN = "children"
 ERROR = "error"
 ARGS = "args"
 KWARGS = "kwargs"
+#: The members of a key/value cache argument recorded as its layer's tensors (section 3).
+CACHE_KEYS, CACHE_VALUES = "keys", "values"
+
+
+def is_cache_slot(slot: str) -> bool:
+    """``inputs.kwargs.<argument>.keys`` or ``.values``: a cache layer's tensors, positions along dim -2."""
+    parts = slot.split(".")
+    return len(parts) == 4 and parts[0] == INPUTS and parts[1] == KWARGS and parts[3] in (CACHE_KEYS, CACHE_VALUES)
 #: On the root node: later top-level calls of the model (tracediff only).
 SUBSEQUENT_CALLS = "subsequent_calls"
 #: On a top-level call made by ``generate``: its decode step (0 the prefill, k the pass reading the k-th new token).

@@ -124,3 +124,21 @@ def test_the_cli_refuses_steps_without_generate(tmp_path: Path, capsys: pytest.C
     assert code == 2
     assert capsys.readouterr().err.strip() == ("tracediff capture: error: steps and max_new_tokens concern the "
                                                "forward passes of model.generate: add generate=True (--generate)")
+
+
+def test_each_attention_records_its_own_layer_of_the_cache_it_reads(tmp_path: Path) -> None:
+    model = ports.llama()
+    capture_generation(model, tmp_path / "t", steps=[1])
+    trace = tracediff.load_trace(tmp_path / "t")
+    attention = [node for node in trace.nodes() if node.relative_path.endswith("self_attn")]
+    per_step = {(node.relative_path, node.call_index): {r.slot: r for r in node.tensors if "cache" in r.slot}
+                for node in attention}
+    assert all(not per_step[(f"model.layers.{i}.self_attn", 0)] for i in (0, 1))  # the prefill: an empty cache
+    heads = model.config.num_key_value_heads
+    head_dim = model.config.hidden_size // model.config.num_attention_heads
+    for step in (1, 2):
+        cache = per_step[("model.layers.1.self_attn", step)]
+        assert set(cache) == {"inputs.kwargs.cache.keys", "inputs.kwargs.cache.values"}
+        keys = cache["inputs.kwargs.cache.keys"]
+        assert keys.shape == (1, heads, ports.PROMPT + step - 1, head_dim)  # the past, before this step's token
+        assert keys.has_payload == (step == 1) and "mean" in keys.stats

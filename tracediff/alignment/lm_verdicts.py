@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import format as fmt
 from ..compare.logits import DEFAULT_TOP_K, logits_metrics, pearson
 from ..compare.positions import position_error_ratios, positions_beyond_tolerance, sequence_dim
 from ..errors import TracediffError, UsageError
@@ -155,7 +156,8 @@ def annotate_rows(rows: Sequence[RowDraft], jobs: Sequence[Job], a: Trace, b: Tr
                 continue
         index = roots.get((nb.module_path, nb.call_index))
         start, length = starts.get(index, (0, None)) if index is not None else (0, None)
-        if length == 1 and row.within_tolerance is False:  # a step reading one token: every error sits there
+        cache = fmt.is_cache_slot(rb.slot)  # the positions before the step, along dim -2
+        if length == 1 and row.within_tolerance is False and not cache:  # one token read: every error is there
             _set(row, position=start, positions_beyond=1)
         if not (ra.has_payload and rb.has_payload) or ra.shape != rb.shape or row.approximate:
             continue
@@ -164,11 +166,12 @@ def annotate_rows(rows: Sequence[RowDraft], jobs: Sequence[Job], a: Trace, b: Tr
             continue
         va, vb = values
         _set(row, pcc=pearson(va, vb))
-        if row.within_tolerance is False and length is not None and va.ndim >= 2:
-            dim = sequence_dim(va.shape, length)
+        if row.within_tolerance is False and (length is not None or cache) and va.ndim >= 2:
+            dim = va.ndim - 2 if cache else sequence_dim(va.shape, length or 0)
             if dim is not None:
+                first = 0 if cache else start
                 found = positions_beyond_tolerance(va, vb, atol=row.atol, rtol=row.rtol, dim=dim)
-                _set(row, position=None if found.first is None else start + found.first,
+                _set(row, position=None if found.first is None else first + found.first,
                      positions_beyond=found.count)
         elif row.within_tolerance is True:
             _set(row, positions_beyond=0)

@@ -57,6 +57,7 @@ from .decode_steps import StepTracker, parse_steps
 from .distributed import current_rank, world_size
 from .encode import Encoder, TensorMode
 from .journal import Journal, claim_folder, held_claim
+from .kv_cache import with_cache_layer
 from .ops import op_capture, select_ops
 from .pipeline import DEFAULT_POOL_MB, check_pipeline_options, close_pipeline, payload_pipeline
 from .signals import termination_as_interrupt
@@ -134,7 +135,8 @@ class _NativeRecorder:
             inputs[fmt.ARGS] = [self._encode(arg, fmt.payload_name(name, i)) for i, arg in enumerate(args)]
         if kwargs:
             name = fmt.payload_name(fmt.payload_name(prefix, fmt.INPUTS), fmt.KWARGS)
-            inputs[fmt.KWARGS] = {str(k): self._encode(v, fmt.payload_name(name, k)) for k, v in kwargs.items()}
+            recorded = with_cache_layer(module, kwargs)  # the cache as the tensors this call reads
+            inputs[fmt.KWARGS] = {str(k): self._encode(v, fmt.payload_name(name, k)) for k, v in recorded.items()}
         node[fmt.INPUTS] = inputs
         node[fmt.CHILDREN] = []
         if self.journal is not None:
