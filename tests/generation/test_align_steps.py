@@ -8,6 +8,7 @@ from pathlib import Path
 
 import jsonschema
 import pytest
+import torch
 
 import tracediff
 from tracediff.cli.main import main
@@ -121,3 +122,16 @@ def test_the_html_report_shows_the_steps_and_the_logits_verdicts(generation_trac
     assert '<section id="steps"><h2>Decode steps</h2><p>decode steps: compared 0-4 (A holds 5, B 5); first ' \
            "diverging step 1 (4 of 5 steps diverge)</p>" in page
     assert page.count("<td>GPT2LMHeadModel</td><td>outputs.logits</td>") == ports.NEW_TOKENS
+
+
+def test_a_static_cache_generation_aligns_step_by_step(tmp_path: Path) -> None:
+    for name, model in (("a", ports.llama()), ("same", ports.llama()), ("bug", ports.rotary_offset(ports.llama()))):
+        with torch.no_grad(), tracediff.capture(model, tmp_path / name):
+            model.generate(ports.prompt(), **ports.generate_kwargs(cache_implementation="static"))
+    trace = tracediff.load_trace(tmp_path / "a")
+    step1 = next(n for n in trace.nodes() if n.relative_path == "model.layers.1.self_attn" and n.call_index == 1)
+    assert {r.slot for r in step1.tensors if "cache" in r.slot} == {"inputs.kwargs.cache.keys",
+                                                                    "inputs.kwargs.cache.values"}
+    assert tracediff.align(tmp_path / "a", tmp_path / "same").passed
+    first = tracediff.align(tmp_path / "a", tmp_path / "bug").first_divergence
+    assert first is not None and (first.step, first.module_path_b) == (1, "LlamaForCausalLM.model.rotary_emb")
