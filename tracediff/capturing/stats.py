@@ -62,16 +62,29 @@ class StatsBuffers:
 
     def __init__(self) -> None:
         self._buffers: dict[tuple[torch.device, torch.dtype, int], torch.Tensor] = {}
+        # The views handed out, by size: a decode step asks for the same few sizes over and over, and slicing
+        # costs more than the kernel that fills a small view.
+        self._views: dict[tuple[torch.device, torch.dtype, int, int], torch.Tensor] = {}
 
     def get(self, device: torch.device, dtype: torch.dtype, n: int, slot: int = 0) -> torch.Tensor:
         """A 1-D buffer of ``n <= CHUNK`` elements; its contents are undefined."""
+        view = self._views.get((device, dtype, slot, n))
+        if view is not None:
+            return view
         key = (device, dtype, slot)
         buffer = self._buffers.get(key)
         if buffer is None or buffer.numel() < n:
             # Full size at once: on CPU, pages never written cost nothing, and no regrowth touches new memory.
             buffer = torch.empty(max(n, CHUNK), dtype=dtype, device=device)
             self._buffers[key] = buffer
-        return buffer[:n]
+            self._views = {k: v for k, v in self._views.items() if k[:3] != key}  # views of the old buffer
+        if len(self._views) >= _MAX_VIEWS:
+            self._views.clear()
+        view = self._views[(device, dtype, slot, n)] = buffer[:n]
+        return view
+
+
+_MAX_VIEWS = 1024  # views kept by ``StatsBuffers``: a few per distinct tensor size
 
 
 # Unsigned dtypes torch has no min/max kernels for on some devices.
@@ -117,7 +130,9 @@ def wide_stats(tensor: torch.Tensor, *, buffers: StatsBuffers | None = None) -> 
 
 
 def _float_stats(flat: torch.Tensor, n: int, buffers: StatsBuffers) -> dict[str, Any]:
-    parts = [fast_partials(flat if n <= CHUNK else flat[start:start + CHUNK], buffers) for start in range(0, n, CHUNK)]
+    if n <= CHUNK:
+        return _one_chunk_float_stats(flat, n, buffers)
+    parts = [fast_partials(flat[start:start + CHUNK], buffers) for start in range(0, n, CHUNK)]
     values = torch.cat(parts).tolist()
     chunks = [values[k:k + 6] for k in range(0, len(values), 6)]
     if not all(math.isfinite(c[0]) and math.isfinite(c[1]) for c in chunks):
@@ -132,17 +147,34 @@ def _float_stats(flat: torch.Tensor, n: int, buffers: StatsBuffers) -> dict[str,
     return float_summary(n, [(*c, size, 0, 0) for c, size in zip(chunks, sizes)])
 
 
+def _one_chunk_float_stats(flat: torch.Tensor, n: int, buffers: StatsBuffers) -> dict[str, Any]:
+    """``_float_stats`` of a tensor of at most ``CHUNK`` elements, the case of nearly every call of a decode step.
+
+    The same kernels and decisions with no per-chunk lists: a sum of one partial is that partial.
+    """
+    lo, hi, total, squares, abs_total, nonzero = (part.item() for part in _fast_partial_scalars(flat, buffers))
+    if not (math.isfinite(lo) and math.isfinite(hi) and math.isfinite(total + squares + abs_total)) \
+            or (max(abs(lo), abs(hi)) and squares < _SQUARES_FLOOR):
+        return wide_stats(flat, buffers=buffers)
+    return float_summary(n, ((lo, hi, total, squares, abs_total, nonzero, n, 0, 0),))
+
+
 def fast_partials(x: torch.Tensor, buffers: StatsBuffers) -> torch.Tensor:
     """``(min, max, sum, x.x, |x| sum, non-zeros)`` of one chunk, in its own precision (float32 at least).
 
     Valid only when min and max come out finite; otherwise use ``wide_partials``.
     """
+    return torch.stack(_fast_partial_scalars(x, buffers))
+
+
+def _fast_partial_scalars(x: torch.Tensor, buffers: StatsBuffers) -> tuple[torch.Tensor, ...]:
+    """The six 0-d tensors of ``fast_partials``: stacked for several chunks, read one by one for one."""
     m = x.numel()
     if x.dtype not in _NATIVE:
         x = buffers.get(x.device, torch.float32, m, slot=1).copy_(x)
     signs = torch.sign(x, out=buffers.get(x.device, x.dtype, m))
     lo, hi = torch.aminmax(x)
-    return torch.stack((lo, hi, x.sum(), torch.dot(x, x), torch.dot(signs, x), torch.dot(signs, signs)))
+    return lo, hi, x.sum(), torch.dot(x, x), torch.dot(signs, x), torch.dot(signs, signs)
 
 
 WIDE_PARTS = 9  # the length of ``wide_partials``' result
@@ -168,11 +200,16 @@ def wide_partials(x: torch.Tensor, buffers: StatsBuffers) -> torch.Tensor:
 
 def float_summary(n: int, chunks: Sequence[Sequence[float]]) -> dict[str, Any]:
     """The floating statistics of ``n`` elements from the ``wide_partials`` layout of each chunk."""
-    lo = min(c[0] for c in chunks)
-    hi = max(c[1] for c in chunks)
-    total, squares, abs_total = (math.fsum(c[k] for c in chunks) for k in (2, 3, 4))
-    nonzero = round(math.fsum(c[5] for c in chunks))
-    finite, nan, posinf = (round(math.fsum(c[k] for c in chunks)) for k in (6, 7, 8))
+    if len(chunks) == 1:  # the sum of one term: fsum gives the term itself, -0.0 turned into 0.0 as "+ 0.0" does
+        lo, hi, total, squares, abs_total, nonzero_sum, finite_sum, nan_sum, posinf_sum = chunks[0]
+        total, squares, abs_total = total + 0.0, squares + 0.0, abs_total + 0.0
+        nonzero, finite, nan, posinf = (round(x + 0.0) for x in (nonzero_sum, finite_sum, nan_sum, posinf_sum))
+    else:
+        lo = min(c[0] for c in chunks)
+        hi = max(c[1] for c in chunks)
+        total, squares, abs_total = (math.fsum(c[k] for c in chunks) for k in (2, 3, 4))
+        nonzero = round(math.fsum(c[5] for c in chunks))
+        finite, nan, posinf = (round(math.fsum(c[k] for c in chunks)) for k in (6, 7, 8))
     neginf = n - finite - nan - posinf
     mean = total / finite if finite else math.nan
     var = (squares - total * total / finite) / (finite - 1) if finite > 1 else math.nan
