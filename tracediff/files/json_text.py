@@ -182,7 +182,7 @@ class _IndentedJsonPair(_IndentedJson):
 
     def __init__(self, indent: int, drop_key: str, drop_where: Callable[[dict[Any, Any]], bool] | None) -> None:
         super().__init__(indent, drop_key, drop_where=drop_where)
-        self.key = drop_key
+        self.key = drop_key  # drop_key, never None here
         self.stripped: list[str] = []
         self.dropped = False  # some dict lost the key: the texts differ
         self._whole = _IndentedJson(indent, None)  # the dropped values, which only the whole text holds
