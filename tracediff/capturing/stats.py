@@ -14,8 +14,9 @@ signs of the elements written into a reused buffer ``s``, then three dot
 products, ``x.x`` (sum of squares), ``s.x`` (sum of absolute values) and
 ``s.s`` (count of non-zeros). A tensor of one chunk (every tensor of a decode
 step) has its six numbers read as they are; several chunks are stacked and
-read back in one transfer. Mean and std follow from the sums. NaN and infinities propagate into min or max, so only
-then (or when float32 sums overflow or underflow) is the tensor measured again
+read back in one transfer. Mean and std follow from the sums. NaN and
+infinities propagate into min or max, so only then (or when float32 sums
+overflow or underflow) is the tensor measured again
 by ``wide_partials``: a float64 copy of each chunk, its counts of finite, NaN
 and +Inf elements, the finite minimum and maximum, and the same sums with every
 non-finite element set to 0. Large tensors are processed in chunks of ``CHUNK``
