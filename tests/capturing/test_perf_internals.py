@@ -16,16 +16,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import arrays
 from safetensors.torch import save_file
 
+from tracediff import format as fmt
 from tracediff.capturing import stats as stats_module
 from tracediff.capturing._tree import without_values
 from tracediff.capturing.stats import StatsBuffers, tensor_stats
 from tracediff.errors import OutputDirError
 from tracediff.files import atomic
+from tracediff.files import json_text as json_text_module
 from tracediff.files.atomic import write_json, write_json_pair
 from tracediff.files.json_text import json_text, json_text_pair
 from tracediff.files.payloads import write_tensor_file
@@ -67,6 +69,51 @@ def test_the_pair_of_texts_is_the_text_and_the_text_without_the_key(tree: object
     text, stripped = json_text_pair(tree, drop_key="value")
     assert text == json.dumps(tree, indent=2)
     assert stripped == json.dumps(without_values(tree), indent=2)
+
+
+tensor_entries = st.fixed_dictionaries(
+    {"shape": st.just("torch.Size([2])"), "dtype": st.just("torch.float32")},
+    optional={"value": st.one_of(st.text(max_size=3), st.lists(st.integers(), max_size=2)),
+              "stats": st.dictionaries(st.sampled_from(["mean", "value"]), scalars, max_size=2),
+              "py_type": st.just("int")})
+trace_with_entries = st.recursive(
+    st.one_of(scalars, tensor_entries),
+    lambda inner: st.one_of(st.lists(inner, max_size=3),
+                            st.dictionaries(st.sampled_from(["value", "inputs", "args", "x"]), inner, max_size=3)),
+    max_leaves=20,
+)
+
+
+def _without_entry_values(value: object) -> object:
+    """The tree with ``value`` removed from tensor entries only, at any depth (a trace's SUMMARY file)."""
+    if isinstance(value, dict):
+        drop = fmt.is_tensor_entry(value)
+        return {k: _without_entry_values(v) for k, v in value.items() if not (drop and k == "value")}
+    if isinstance(value, list):
+        return [_without_entry_values(v) for v in value]
+    return value
+
+
+@settings(max_examples=300, deadline=None)
+@given(tree=trace_with_entries, indent=st.integers(0, 3))
+def test_the_pair_drops_the_key_only_where_told_and_is_the_text_of_json_dumps(tree: object, indent: int) -> None:
+    text, stripped = json_text_pair(tree, drop_key="value", indent=indent, drop_where=fmt.is_tensor_entry)
+    assert text == json.dumps(tree, indent=indent)
+    assert stripped == json.dumps(_without_entry_values(tree), indent=indent)
+
+
+def test_the_pair_is_built_in_one_walk_even_when_values_are_dropped(monkeypatch: pytest.MonkeyPatch) -> None:
+    entry = {"shape": "torch.Size([2])", "dtype": "torch.float32", "value": "./a.safetensors", "stats": {"mean": 1.0}}
+    tree = {"inputs": {"args": [entry, {"value": [entry]}]}, "outputs": entry}
+
+    def second_walk(*args: object, **kwargs: object) -> str:
+        raise AssertionError("the stripped text was built by a second walk")
+
+    monkeypatch.setattr(json_text_module, "json_text", second_walk)
+    text, stripped = json_text_pair(tree, drop_key="value", drop_where=fmt.is_tensor_entry)
+    assert text == json.dumps(tree, indent=2)
+    assert stripped == json.dumps(_without_entry_values(tree), indent=2)
+    assert stripped.count("./a.safetensors") == 0 and '"value": [' in stripped
 
 
 def test_write_json_pair_writes_both_files_and_nothing_when_it_cannot_serialize(tmp_path: Path) -> None:
@@ -213,6 +260,31 @@ def test_sums_that_overflow_float32_are_redone_in_float64() -> None:
     assert got["abs_mean"] == pytest.approx(-15 * lowest / 36, rel=1e-12)
     assert got["std"] == pytest.approx(float(mask.double().std()), rel=1e-9)
     assert (got["zeros"], got["min"], got["max"]) == (21, lowest, 0.0)
+
+
+partials = st.tuples(st.floats(width=32), st.floats(width=32), st.floats(), st.floats(), st.floats(),
+                     st.integers(0, 2**24), st.integers(0, 2**20), st.integers(0, 9), st.integers(0, 9))
+
+
+@settings(max_examples=300, deadline=None)
+@given(chunk=partials)
+@example(chunk=(-0.0, -0.0, -0.0, 0.0, -0.0, 0, 2, 0, 0))  # sums of negative zeros: fsum gives 0.0
+@example(chunk=(-1.0, 1.0, math.nan, 2.0, 2.0, 2, 2, 0, 0))
+def test_one_chunk_summary_is_the_summary_of_the_fsum_of_one_term(chunk: tuple[float, ...]) -> None:
+    got = stats_module.float_summary(100, [chunk])
+    # A second chunk that adds nothing: the general path, through math.fsum and min/max over chunks.
+    want = stats_module.float_summary(100, [chunk, (math.inf, -math.inf, 0.0, 0.0, 0.0, 0, 0, 0, 0)])
+    assert repr(got) == repr(want)
+
+
+def test_small_tensors_are_measured_in_views_handed_out_again() -> None:
+    buffers = StatsBuffers()
+    first = buffers.get(torch.device("cpu"), torch.float32, 512)
+    assert buffers.get(torch.device("cpu"), torch.float32, 512) is first
+    assert buffers.get(torch.device("cpu"), torch.float32, 513) is not first
+    assert first.data_ptr() == buffers.get(torch.device("cpu"), torch.float32, 7).data_ptr()
+    x = torch.randn(512, generator=torch.Generator().manual_seed(4))
+    assert tensor_stats(x, buffers=buffers) == tensor_stats(x.clone(), buffers=buffers) == tensor_stats(x)
 
 
 def test_buffers_stay_bounded_by_the_chunk_size() -> None:

@@ -125,9 +125,9 @@ class Encoder:
         self._seen[key] = (weakref.ref(value, forget), value._version, entry)
         return entry
 
-    def _measure(self, tensor: torch.Tensor) -> dict[str, Any]:
+    def _measure(self, tensor: torch.Tensor, on_device: bool) -> dict[str, Any]:
         """The statistics of a host tensor now; an empty dict for a device tensor, filled in later."""
-        return {} if measured_on_device(tensor) else tensor_stats(tensor, buffers=self._stats_buffers)
+        return {} if on_device else tensor_stats(tensor, buffers=self._stats_buffers)
 
     def resolve_stats(self) -> None:
         """Read back the statistics still pending on devices (the entries are complete afterwards)."""
@@ -142,17 +142,17 @@ class Encoder:
         device = str(tensor.device)
         self.devices.add(device)
         self.dtypes.add(str(dtype))
+        on_device = measured_on_device(tensor)  # statistics queued on the device, filled in by resolve_stats()
         stored: str | list[str] | None = None
         if self.tensors == "full":
             tensor = tensor.contiguous()  # one copy at most, shared by the payload and the statistics
             file_name = self._unique_file_name(name)
-            stats = self._measure(tensor)
+            stats = self._measure(tensor, on_device)
             stored = fmt.payload_reference(file_name)
         else:
             if self.tensors == "repr":
                 stored = _tensor_lines(tensor)
-            stats = self._measure(tensor)
-        on_device = measured_on_device(tensor)  # statistics queued on the device, filled in by resolve_stats()
+            stats = self._measure(tensor, on_device)
         strings = placeholder_strings(tensor) if on_device else \
             string_fields(stats, dtype) if dtype in FLOAT_DTYPES and stats.get("numel") else None
         entry = fmt.tensor_entry(repr(tensor.shape), repr(dtype), stored, string_stats=strings, stats=stats,

@@ -34,6 +34,9 @@ from ..errors import OutputDirError, TracediffError
 from ..files.atomic import check_out_dir
 from ..files.confine import JOURNAL_LIMIT, TRACE_JSON_LIMIT, read_json_file
 
+# What json.dumps(entry, separators=(",", ":"), default=str) uses, built once: json.dumps builds a new encoder
+# for every line, which costs as much as encoding a small line.
+_LINE_ENCODER = json.JSONEncoder(separators=(",", ":"), default=str)
 _NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 _HELD: dict[Path, FolderClaim] = {}
 
@@ -293,7 +296,7 @@ class Journal:
 
     def _line(self, entry: dict[str, Any]) -> bytes | None:
         try:
-            return json.dumps(entry, separators=(",", ":"), default=str).encode("utf-8", "backslashreplace") + b"\n"
+            return _LINE_ENCODER.encode(entry).encode("utf-8", "backslashreplace") + b"\n"
         except (ValueError, TypeError, RecursionError):
             self.close()
             return None

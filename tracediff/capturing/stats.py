@@ -12,9 +12,11 @@ Capture runs inside every module call, so a finite host tensor takes six
 cheap kernels and no allocation (``fast_partials``): ``aminmax``, ``sum``, the
 signs of the elements written into a reused buffer ``s``, then three dot
 products, ``x.x`` (sum of squares), ``s.x`` (sum of absolute values) and
-``s.s`` (count of non-zeros), all read back in one transfer. Mean and std
-follow from the sums. NaN and infinities propagate into min or max, so only
-then (or when float32 sums overflow or underflow) is the tensor measured again
+``s.s`` (count of non-zeros). A tensor of one chunk (every tensor of a decode
+step) has its six numbers read as they are; several chunks are stacked and
+read back in one transfer. Mean and std follow from the sums. NaN and
+infinities propagate into min or max, so only then (or when float32 sums
+overflow or underflow) is the tensor measured again
 by ``wide_partials``: a float64 copy of each chunk, its counts of finite, NaN
 and +Inf elements, the finite minimum and maximum, and the same sums with every
 non-finite element set to 0. Large tensors are processed in chunks of ``CHUNK``
@@ -62,16 +64,29 @@ class StatsBuffers:
 
     def __init__(self) -> None:
         self._buffers: dict[tuple[torch.device, torch.dtype, int], torch.Tensor] = {}
+        # The views handed out, by size: a decode step asks for the same few sizes over and over, and slicing
+        # costs more than the kernel that fills a small view.
+        self._views: dict[tuple[torch.device, torch.dtype, int, int], torch.Tensor] = {}
 
     def get(self, device: torch.device, dtype: torch.dtype, n: int, slot: int = 0) -> torch.Tensor:
         """A 1-D buffer of ``n <= CHUNK`` elements; its contents are undefined."""
+        view = self._views.get((device, dtype, slot, n))
+        if view is not None:
+            return view
         key = (device, dtype, slot)
         buffer = self._buffers.get(key)
         if buffer is None or buffer.numel() < n:
             # Full size at once: on CPU, pages never written cost nothing, and no regrowth touches new memory.
             buffer = torch.empty(max(n, CHUNK), dtype=dtype, device=device)
             self._buffers[key] = buffer
-        return buffer[:n]
+            self._views = {k: v for k, v in self._views.items() if k[:3] != key}  # views of the old buffer
+        if len(self._views) >= _MAX_VIEWS:
+            self._views.clear()
+        view = self._views[(device, dtype, slot, n)] = buffer[:n]
+        return view
+
+
+_MAX_VIEWS = 1024  # views kept by ``StatsBuffers``: a few per distinct tensor size
 
 
 # Unsigned dtypes torch has no min/max kernels for on some devices.
@@ -119,9 +134,11 @@ def wide_stats(tensor: torch.Tensor, *, buffers: StatsBuffers | None = None) -> 
 def _float_stats(flat: torch.Tensor, n: int, buffers: StatsBuffers) -> dict[str, Any]:
     lows: Sequence[float]
     highs: Sequence[float]
-    if n <= CHUNK:  # one chunk: no concatenation, no sums of sums
-        lo, hi, total, squares, abs_total, nonzero = fast_partials(flat, buffers).tolist()
+    if n <= CHUNK:  # one chunk (every tensor of a decode step): its six numbers read as they are
+        lo, hi, total, squares, abs_total, nonzero = (part.item() for part in _fast_partial_scalars(flat, buffers))
         lows, highs = (lo,), (hi,)
+        # each sum of one term as math.fsum gives it: the term itself, -0.0 turned into 0.0
+        total, squares, abs_total = total + 0.0, squares + 0.0, abs_total + 0.0
     else:
         values = torch.cat([fast_partials(flat[start:start + CHUNK], buffers) for start in range(0, n, CHUNK)]).tolist()
         lows, highs = values[0::6], values[1::6]
@@ -142,12 +159,17 @@ def fast_partials(x: torch.Tensor, buffers: StatsBuffers) -> torch.Tensor:
 
     Valid only when min and max come out finite; otherwise use ``wide_partials``.
     """
+    return torch.stack(_fast_partial_scalars(x, buffers))
+
+
+def _fast_partial_scalars(x: torch.Tensor, buffers: StatsBuffers) -> tuple[torch.Tensor, ...]:
+    """The six 0-d tensors of ``fast_partials``: stacked for several chunks, read one by one for one."""
     m = x.numel()
     if x.dtype not in _NATIVE:
         x = buffers.get(x.device, torch.float32, m, slot=1).copy_(x)
     signs = torch.sign(x, out=buffers.get(x.device, x.dtype, m))
     lo, hi = torch.aminmax(x)
-    return torch.stack((lo, hi, x.sum(), torch.dot(x, x), torch.dot(signs, x), torch.dot(signs, signs)))
+    return lo, hi, x.sum(), torch.dot(x, x), torch.dot(signs, x), torch.dot(signs, signs)
 
 
 WIDE_PARTS = 9  # the length of ``wide_partials``' result

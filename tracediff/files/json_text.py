@@ -90,14 +90,12 @@ def _key_text(key: Any) -> str:
 
 
 class _IndentedJson:
-    def __init__(self, indent: int, drop_key: str | None, *, watch_key: str | None = None,
+    def __init__(self, indent: int, drop_key: str | None, *,
                  drop_where: Callable[[dict[Any, Any]], bool] | None = None) -> None:
         self.parts: list[str] = []
         self.step = " " * indent
         self.drop_key = drop_key
-        self.drop_where = drop_where  # also narrows what counts as the watched key being seen
-        self.watch_key = watch_key  # only noted: watched_key_seen tells whether some dict has it
-        self.watched_key_seen = False
+        self.drop_where = drop_where
         self.newlines = ["\n"]  # newline plus the indentation of each depth
         self.flat_encoders: list[Callable[[Any], str]] = []  # encoders whose item separator indents one depth
 
@@ -114,9 +112,6 @@ class _IndentedJson:
             drop = self.drop_key
             if drop is not None and self.drop_where is not None and drop in value and not self.drop_where(value):
                 drop = None
-            if self.watch_key is not None and self.watch_key in value and (
-                    self.drop_where is None or self.drop_where(value)):
-                self.watched_key_seen = True
             # Checks written as set.issuperset(map(type, ...)) run in C, with no Python loop.
             if (_PLAIN_SCALARS.issuperset(map(type, value.values())) and _STR.issuperset(map(type, value))
                     and (drop is None or drop not in value)):
@@ -178,18 +173,128 @@ class _IndentedJson:
         return self.newlines[depth]
 
 
+class _IndentedJsonPair(_IndentedJson):
+    """Both texts of ``json_text_pair`` in one walk: the whole text in ``parts``, the stripped one in ``stripped``.
+
+    The two differ only inside the dicts that lose ``drop_key``; everything else (nearly all of a trace
+    tree: its statistics) is formatted once and shared.
+    """
+
+    def __init__(self, indent: int, drop_key: str, drop_where: Callable[[dict[Any, Any]], bool] | None) -> None:
+        super().__init__(indent, drop_key, drop_where=drop_where)
+        self.key = drop_key  # drop_key, never None here
+        self.stripped: list[str] = []
+        self.dropped = False  # some dict lost the key: the texts differ
+        self._whole = _IndentedJson(indent, None)  # the dropped values, which only the whole text holds
+        self._whole.parts, self._whole.newlines, self._whole.flat_encoders = (
+            self.parts, self.newlines, self.flat_encoders)
+
+    def texts(self, obj: Any) -> tuple[str, str]:
+        self._value(obj, 0)
+        text = "".join(self.parts)
+        return text, "".join(self.stripped) if self.dropped else text
+
+    def _value(self, value: Any, depth: int) -> None:
+        add, add_stripped = self.parts.append, self.stripped.append
+        if isinstance(value, dict):
+            if not value:
+                add("{}")
+                add_stripped("{}")
+                return
+            drop = self.key
+            if drop in value and (self.drop_where is None or self.drop_where(value)):
+                self.dropped = True
+                self._dict_losing_key(value, depth, drop)
+                return
+            if _PLAIN_SCALARS.issuperset(map(type, value.values())) and _STR.issuperset(map(type, value)):
+                text = self._flat(value, depth, "{", "}")
+                add(text)
+                add_stripped(text)
+                return
+            inner = self._newline(depth + 1)
+            separator = "{" + inner
+            for key, item in value.items():
+                kind = type(item)
+                if kind is str:
+                    text = separator + _key_text(key) + ": " + _quote(item)
+                elif kind is float:
+                    text = separator + _key_text(key) + ": " + _float_text(item)
+                elif kind is int:
+                    text = separator + _key_text(key) + ": " + int.__repr__(item)
+                else:
+                    scalar = _scalar_text(item)
+                    text = separator + _key_text(key) + ": " + (scalar or "")
+                    if scalar is None:
+                        add(text)
+                        add_stripped(text)
+                        self._value(item, depth + 1)
+                        separator = "," + inner
+                        continue
+                add(text)
+                add_stripped(text)
+                separator = "," + inner
+            closing = self.newlines[depth] + "}"
+            add(closing)
+            add_stripped(closing)
+        elif isinstance(value, (list, tuple)):
+            if not value:
+                add("[]")
+                add_stripped("[]")
+                return
+            if _PLAIN_SCALARS.issuperset(map(type, value)):
+                text = self._flat(value, depth, "[", "]")
+                add(text)
+                add_stripped(text)
+                return
+            inner = self._newline(depth + 1)
+            separator = "[" + inner
+            for item in value:
+                scalar = _scalar_text(item)
+                add(separator + (scalar or ""))
+                add_stripped(separator + (scalar or ""))
+                if scalar is None:
+                    self._value(item, depth + 1)
+                separator = "," + inner
+            closing = self.newlines[depth] + "]"
+            add(closing)
+            add_stripped(closing)
+        else:
+            scalar = _scalar_text(value)
+            if scalar is None:
+                raise _NotPlainJson
+            add(scalar)
+            add_stripped(scalar)
+
+    def _dict_losing_key(self, value: dict[Any, Any], depth: int, drop: str) -> None:
+        """A dict whose ``drop`` item only the whole text has; its other values are walked for both texts."""
+        add, add_stripped = self.parts.append, self.stripped.append
+        inner = self._newline(depth + 1)
+        separator = stripped_separator = "{" + inner
+        for key, item in value.items():
+            scalar = _scalar_text(item)
+            line = _key_text(key) + ": " + (scalar or "")
+            add(separator + line)
+            separator = "," + inner
+            if key == drop and type(key) is str:
+                if scalar is None:
+                    self._whole._value(item, depth + 1)
+                continue
+            add_stripped(stripped_separator + line)
+            stripped_separator = "," + inner
+            if scalar is None:
+                self._value(item, depth + 1)
+        add(self.newlines[depth] + "}")
+        add_stripped("{}" if stripped_separator[0] == "{" else self.newlines[depth] + "}")
+
+
 def json_text_pair(obj: Any, *, drop_key: str, indent: int | None = 2,
                    drop_where: Callable[[dict[Any, Any]], bool] | None = None) -> tuple[str, str]:
-    """``json_text(obj)`` and ``json_text(obj, drop_key=..., drop_where=...)``; one walk when nothing is dropped."""
+    """``json_text(obj)`` and ``json_text(obj, drop_key=..., drop_where=...)``, built in one walk."""
     if indent is None or not isinstance(indent, int):
         return (json_text(obj, indent=indent),
                 json_text(obj, indent=indent, drop_key=drop_key, drop_where=drop_where))
-    builder = _IndentedJson(indent, None, watch_key=drop_key, drop_where=drop_where)
     try:
-        text = builder.text(obj)
+        return _IndentedJsonPair(indent, drop_key, drop_where).texts(obj)
     except (_NotPlainJson, RecursionError):
         return (json_text(obj, indent=indent),
                 json_text(obj, indent=indent, drop_key=drop_key, drop_where=drop_where))
-    if not builder.watched_key_seen:
-        return text, text
-    return text, json_text(obj, indent=indent, drop_key=drop_key, drop_where=drop_where)
