@@ -21,11 +21,14 @@ KEYS, VALUES = fmt.CACHE_KEYS, fmt.CACHE_VALUES  # inputs.kwargs.cache.keys, inp
 def with_cache_layer(module: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
     """``kwargs`` with a cache argument replaced by ``{"keys": ..., "values": ...}`` of ``module``'s layer.
 
-    Only for a module with an integer ``layer_idx`` and a cache whose layer holds both tensors already
-    (the prefill's cache is still empty when its attention calls begin); otherwise ``kwargs`` as given.
+    Only for a module with an integer ``layer_idx`` attribute of its own and a cache whose layer holds both
+    tensors already (the prefill's cache is still empty when its attention calls begin); otherwise ``kwargs``
+    as given.
     """
-    layer_idx = getattr(module, "layer_idx", None)
-    if not isinstance(layer_idx, int) or isinstance(layer_idx, bool):
+    # the instance's own attribute: every module call passes here, and a missing attribute of an ``nn.Module``
+    # costs a raised and caught AttributeError
+    layer_idx = getattr(module, "__dict__", {}).get("layer_idx")
+    if type(layer_idx) is not int:
         return kwargs
     for name, value in kwargs.items():
         layer = _layer(value, layer_idx)
