@@ -113,14 +113,17 @@ def check_forcing_model(forcing: ReferenceTokens, model: nn.Module) -> None:
         raise TeacherForcingError(f"{forcing.path}: teacher forcing feeds tokens through transformers' generate; "
                                   f"{type(model).__name__} has no such generate")
     port = vocabulary_size(model)
-    if forcing.vocab_size is not None and port is not None and port != forcing.vocab_size:
-        raise TeacherForcingError(f"{forcing.path}: the reference scored {forcing.vocab_size} tokens per step and "
-                                  f"the port ({type(model).__name__}) scores {port}: teacher forcing needs one "
-                                  "tokenizer and vocabulary")
+    _refuse_another_vocabulary(forcing, port, f" ({type(model).__name__})")
     top = max(max(step) for step in forcing.chosen)
     if port is not None and top >= port:
         raise TeacherForcingError(f"{forcing.path}: the reference chose token {top}, beyond the port's vocabulary "
                                   f"of {port}: teacher forcing needs one tokenizer and vocabulary")
+
+
+def _refuse_another_vocabulary(forcing: ReferenceTokens, port: int | None, who: str = "") -> None:
+    if forcing.vocab_size is not None and port is not None and port != forcing.vocab_size:
+        raise TeacherForcingError(f"{forcing.path}: the reference scored {forcing.vocab_size} tokens per step and "
+                                  f"the port{who} scores {port}: teacher forcing needs one tokenizer and vocabulary")
 
 
 def check_forcing_prompt(forcing: ReferenceTokens, input_ids: Any) -> None:
@@ -207,10 +210,7 @@ class StepTokens:
         tokens: dict[str, Any] = {fmt.TOKENS_ARGMAX: argmax}
         forcing = self.forcing
         if forcing is not None and isinstance(step, int) and step < forcing.steps:
-            if forcing.vocab_size is not None and scores.shape[-1] != forcing.vocab_size:
-                raise TeacherForcingError(f"{forcing.path}: the reference scored {forcing.vocab_size} tokens per "
-                                          f"step and the port scores {scores.shape[-1]}: teacher forcing needs one "
-                                          "tokenizer and vocabulary")
+            _refuse_another_vocabulary(forcing, int(scores.shape[-1]))
             tokens[fmt.TOKENS_FORCED] = True
             reference = torch.tensor(forcing.chosen[step], device=scores.device)
             scores = torch.full_like(scores, float("-inf"))
