@@ -107,14 +107,27 @@ def position_strip(row: TensorComparison, job: Job, a: Trace, b: Trace) -> Posit
         return None
     index = root_of_calls(b).get((nb.module_path, nb.call_index))
     start, length = sequence_starts(b).get(index, (0, None)) if index is not None else (0, None)
-    values = _read_pair(a, ra, b, rb) if length is not None else None
-    if values is None or values[0].ndim < 2:
+    axis = _sequence_axis(rb.slot, rb.shape or (), start, length)
+    values = _read_pair(a, ra, b, rb) if axis is not None else None
+    if values is None or axis is None:
         return None
-    dim = sequence_dim(values[0].shape, length) if length is not None else None
-    if dim is None:
-        return None
+    dim, first = axis
     ratios = position_error_ratios(values[0], values[1], atol=row.atol, rtol=row.rtol, dim=dim)
-    return PositionStrip(row.order, start, tuple(float(r) for r in ratios))
+    return PositionStrip(row.order, first, tuple(float(r) for r in ratios))
+
+
+def _sequence_axis(slot: str, shape: tuple[int, ...], start: int, length: int | None) -> tuple[int, int] | None:
+    """The sequence dimension of a tensor of ``slot`` and ``shape`` and the absolute position of its index 0.
+
+    A call reading ``length`` tokens from position ``start``: the dimension of that size (``sequence_dim``).
+    A cache layer's keys or values: dimension -2, the positions before the step, from 0. None: no sequence.
+    """
+    if len(shape) < 2:
+        return None
+    if fmt.is_cache_slot(slot):
+        return len(shape) - 2, 0
+    dim = sequence_dim(shape, length) if length is not None else None
+    return None if dim is None else (dim, start)
 
 
 def check_logits_patterns(logits: str | Sequence[str] | None) -> tuple[str, ...]:
@@ -156,7 +169,7 @@ def annotate_rows(rows: Sequence[RowDraft], jobs: Sequence[Job], a: Trace, b: Tr
                 continue
         index = roots.get((nb.module_path, nb.call_index))
         start, length = starts.get(index, (0, None)) if index is not None else (0, None)
-        cache = fmt.is_cache_slot(rb.slot)  # the positions before the step, along dim -2
+        cache = fmt.is_cache_slot(rb.slot)  # the positions before the step (see _sequence_axis)
         if length == 1 and row.within_tolerance is False and not cache:  # one token read: every error is there
             _set(row, position=start, positions_beyond=1)
         if not (ra.has_payload and rb.has_payload) or ra.shape != rb.shape or row.approximate:
@@ -166,13 +179,11 @@ def annotate_rows(rows: Sequence[RowDraft], jobs: Sequence[Job], a: Trace, b: Tr
             continue
         va, vb = values
         _set(row, pcc=pearson(va, vb))
-        if row.within_tolerance is False and (length is not None or cache) and va.ndim >= 2:
-            dim = va.ndim - 2 if cache else sequence_dim(va.shape, length or 0)
-            if dim is not None:
-                first = 0 if cache else start
-                found = positions_beyond_tolerance(va, vb, atol=row.atol, rtol=row.rtol, dim=dim)
-                _set(row, position=None if found.first is None else first + found.first,
-                     positions_beyond=found.count)
+        axis = _sequence_axis(rb.slot, va.shape, start, length) if row.within_tolerance is False else None
+        if axis is not None:
+            dim, first = axis
+            found = positions_beyond_tolerance(va, vb, atol=row.atol, rtol=row.rtol, dim=dim)
+            _set(row, position=None if found.first is None else first + found.first, positions_beyond=found.count)
         elif row.within_tolerance is True:
             _set(row, positions_beyond=0)
         if logits_row and va.ndim >= 1 and va.shape[-1] > 1:
