@@ -83,21 +83,17 @@ def tensor_stats(tensor: torch.Tensor, names: Collection[str]) -> dict[str, floa
 
 
 def _counts_and_moments(x: torch.Tensor) -> dict[str, float | int]:
+    if x.numel() == 0:
+        return dict.fromkeys(_FROM_WIDE, math.nan) | {"nan": 0, "posinf": 0, "neginf": 0, "zeros": 0}
     try:
         stats = wide_stats(x)
     except (TypeError, RuntimeError):  # a device without float64 (e.g. MPS)
         stats = wide_stats(x.cpu())
-    n = x.numel()
-    if n == 0:
-        return dict.fromkeys(_FROM_WIDE - {"nan", "posinf", "neginf", "zeros"}, math.nan) | {
-            "nan": 0, "posinf": 0, "neginf": 0, "zeros": 0}
-    m = n - stats["nan"] - stats["posinf"] - stats["neginf"]
-    zeros = stats["zeros"]
+    out = {key: stats[key] for key in ("nan", "posinf", "neginf", "zeros", "min", "max", "mean", "abs_mean", "std")}
+    m = x.numel() - stats["nan"] - stats["posinf"] - stats["neginf"]  # the finite elements
     var_unbiased = stats["std"] ** 2 if m > 1 else math.nan
-    return {"nan": stats["nan"], "posinf": stats["posinf"], "neginf": stats["neginf"], "zeros": zeros,
-            "min": stats["min"], "max": stats["max"], "mean": stats["mean"], "abs_mean": stats["abs_mean"],
-            "std": stats["std"], "var_unbiased": var_unbiased,
-            "var_biased": var_unbiased * (m - 1) / m if m > 1 else (0.0 if m == 1 else math.nan)}
+    return out | {"var_unbiased": var_unbiased,
+                  "var_biased": var_unbiased * (m - 1) / m if m > 1 else (0.0 if m == 1 else math.nan)}
 
 
 def _widened(x: torch.Tensor) -> torch.Tensor:
