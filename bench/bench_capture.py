@@ -103,6 +103,19 @@ def _compat(model: torch.nn.Module, out: Path) -> contextlib.AbstractContextMana
                                                      do_prune_layers=False)
 
 
+def _device_chunk(chunk: int, inner: Context) -> Context:
+    """``inner`` with the device statistics measured in chunks of ``chunk`` elements (default: DEVICE_CHUNK)."""
+    def context(model: torch.nn.Module, out: Path) -> contextlib.AbstractContextManager[Any]:
+        from tracediff.capturing import device_stats
+
+        stack = contextlib.ExitStack()
+        stack.callback(setattr, device_stats, "DEVICE_CHUNK", device_stats.DEVICE_CHUNK)
+        device_stats.DEVICE_CHUNK = chunk
+        stack.enter_context(inner(model, out))
+        return stack
+    return context
+
+
 CONFIGS: dict[str, tuple[str, Context | None]] = {
     "plain": ("plain forward", None),
     "hf": ("transformers debugger, use_repr=False, do_prune_layers=False", _hf(False, False)),
@@ -113,6 +126,8 @@ CONFIGS: dict[str, tuple[str, Context | None]] = {
     "full_w1": ('tracediff.capture(tensors="full", writers=1)', _native("full", writers=1)),
     "full_w2": ('tracediff.capture(tensors="full", writers=2)', _native("full", writers=2)),
     "summary": ('tracediff.capture(tensors="summary")', _native("summary")),
+    "summary_chunk1m": ('the same, device statistics in chunks of 2**20 elements (before: 2**22)',
+                        _device_chunk(1 << 20, _native("summary"))),
     "compat": ("tracediff.model_addition_debugger_context, use_repr=False, do_prune_layers=False", _compat),
 }
 

@@ -17,8 +17,8 @@ import tracediff
 from tests.capturing.helpers import metadata, nodes, tensor_entries, trace_json
 from tests.models import tiny_llama
 from tracediff.capturing import device_stats
-from tracediff.capturing.device_stats import DeviceStats, placeholder_strings
-from tracediff.capturing.stats import StatsBuffers, string_fields, tensor_stats
+from tracediff.capturing.device_stats import DeviceStats
+from tracediff.capturing.stats import StatsBuffers, placeholder_strings, string_fields, tensor_stats
 
 inf, nan = math.inf, math.nan
 
@@ -78,7 +78,7 @@ def test_device_statistics_agree_with_the_host_statistics(name: str) -> None:
 
 
 def test_chunks_combine_to_the_statistics_of_the_whole(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(device_stats, "CHUNK", 7)
+    monkeypatch.setattr(device_stats, "DEVICE_CHUNK", 7)
     tensor = torch.randn(100, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
     tensor[[5, 50]] = torch.tensor([nan, -inf], dtype=torch.float64)
     pending = DeviceStats(StatsBuffers())

@@ -289,6 +289,7 @@ def test_a_capture_with_writer_threads_journals_a_call_only_once_its_payloads_ar
         return write_tensor_file(path, tensor)
 
     missing: list[str] = []
+    unmeasured: list[str] = []
     journaled: list[bytes] = []
     append = Journal._append
 
@@ -303,6 +304,8 @@ def test_a_capture_with_writer_threads_journals_a_call_only_once_its_payloads_ar
                     name = value.removeprefix(fmt.PAYLOAD_REFERENCE_PREFIX)
                     if not (self.path.parent / name).is_file():
                         missing.append(name)
+                    if not item.get(fmt.STATS) or item.get("mean") == "":  # the writer measures before writing
+                        unmeasured.append(name)
                 stack.extend(item.values())
             elif isinstance(item, list):
                 stack.extend(item)
@@ -315,3 +318,25 @@ def test_a_capture_with_writer_threads_journals_a_call_only_once_its_payloads_ar
     session = _capture(model, inputs, tmp_path / "out", writers=2, pool_mb=64)
     exits = [line for line in journaled if fmt.JOURNAL_EXIT in json.loads(line)]
     assert len(exits) == session.calls and missing == []  # type: ignore[attr-defined]
+    assert unmeasured == []
+
+
+@pytest.mark.parametrize("writers", [0, 2])
+def test_writer_threads_compute_the_statistics_from_the_host_copy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, writers: int
+) -> None:
+    from tracediff.capturing import encode
+
+    measured_on: list[str] = []
+    real = encode.tensor_stats
+
+    def recording(tensor: torch.Tensor, **options: object) -> dict[str, object]:
+        measured_on.append(threading.current_thread().name)
+        return real(tensor, **options)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(encode, "tensor_stats", recording)
+    model, inputs = tiny_llama(layers=1)
+    session = _capture(model, inputs, tmp_path, writers=writers)
+    assert len(measured_on) == session.files  # type: ignore[attr-defined]  # each payload measured once
+    on_writers = [name for name in measured_on if name.startswith("tracediff-writer-")]
+    assert len(on_writers) == (len(measured_on) if writers else 0)

@@ -4,7 +4,7 @@ Reading a statistic back from a GPU (``.item()``, ``.tolist()``) waits for
 every kernel queued before it: one such wait per recorded tensor serializes
 the forward with the capture. ``DeviceStats.launch`` only queues the kernels
 of :func:`tracediff.capturing.stats.wide_partials` (or ``integer_partials``)
-per chunk of at most ``CHUNK`` elements; no branch depends on the data, so
+per chunk of at most ``DEVICE_CHUNK`` elements; no branch depends on the data, so
 nothing waits. The partials stay on the device until ``resolve``, which reads
 every pending tensor's numbers in one transfer per device and fills in the
 entries' statistics in place with the same ``float_summary`` /
@@ -26,19 +26,21 @@ from typing import Any
 import torch
 
 from .stats import (
-    CHUNK,
     FLOAT_DTYPES,
     WIDE_UNSIGNED,
     StatsBuffers,
+    fill_entry_stats,
     float_summary,
     integer_partials,
     integer_summary,
-    string_fields,
     tensor_stats,
     wide_partials,
 )
 
 DEFAULT_BATCH = 256
+# Elements per chunk on a device: each chunk costs about 18 kernel launches, and a launch costs the host
+# more than a kernel over 4M elements costs an accelerator; the two float64 work buffers take 64 MiB.
+DEVICE_CHUNK = 1 << 22
 # Devices whose tensors are measured directly: on the host a read-back costs nothing, extra kernels do.
 _DEVICES_READ_DIRECTLY = {"cpu", "meta"}
 
@@ -65,12 +67,13 @@ class DeviceStats:
         t = tensor.detach()
         n = t.numel()
         if n == 0 or t.is_complex() or t.dtype in WIDE_UNSIGNED:
-            self._fill(entry, stats, tensor_stats(t, buffers=self._buffers), t.dtype)
+            fill_entry_stats(entry, stats, tensor_stats(t, buffers=self._buffers), t.dtype)
             return
         kind = "float" if t.dtype in FLOAT_DTYPES else "bool" if t.dtype == torch.bool else "int"
         flat = t.reshape(-1)
-        parts = [wide_partials(flat[start:start + CHUNK], self._buffers) if kind == "float" else integer_partials(
-            flat[start:start + CHUNK]) for start in range(0, n, CHUNK)]
+        chunk = DEVICE_CHUNK
+        parts = [wide_partials(flat[start:start + chunk], self._buffers) if kind == "float" else integer_partials(
+            flat[start:start + chunk]) for start in range(0, n, chunk)]
         self._pending.append((entry, stats, n, t.dtype, kind, parts))
         if len(self._pending) >= self.batch:
             self.resolve()
@@ -93,21 +96,7 @@ class DeviceStats:
                 chunks.append(values[device][offsets[device]:offsets[device] + size])
                 offsets[device] += size
             result = float_summary(n, chunks) if kind == "float" else integer_summary(n, kind, chunks)
-            self._fill(entry, stats, result, dtype)
-
-    @staticmethod
-    def _fill(entry: dict[str, Any], stats: dict[str, Any], result: dict[str, Any], dtype: torch.dtype) -> None:
-        stats.clear()
-        stats.update(result)
-        if dtype in FLOAT_DTYPES and result.get("numel"):
-            entry.update(string_fields(result, dtype))  # the placeholders keep their place in the entry
-
-
-def placeholder_strings(tensor: torch.Tensor) -> dict[str, str] | None:
-    """The string fields an entry will get once resolved, as empty strings that hold their place."""
-    if tensor.dtype in FLOAT_DTYPES and tensor.numel():
-        return {key: "" for key in ("mean", "std", "min", "max")}
-    return None
+            fill_entry_stats(entry, stats, result, dtype)
 
 
 def _read_back(parts: list[torch.Tensor]) -> list[float | int]:

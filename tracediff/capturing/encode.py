@@ -33,10 +33,10 @@ from .. import format as fmt
 from ..files.payloads import write_tensor_file
 from ..format import as_json, is_json_safe
 from .compat import _tensor_lines, sanitize_repr
-from .device_stats import DeviceStats, measured_on_device, placeholder_strings
+from .device_stats import DeviceStats, measured_on_device
 from .distributed import dtensor_layout, is_dtensor
-from .pipeline import PayloadPipeline
-from .stats import FLOAT_DTYPES, StatsBuffers, string_fields, tensor_stats
+from .pipeline import Measure, PayloadPipeline
+from .stats import FLOAT_DTYPES, StatsBuffers, fill_entry_stats, placeholder_strings, string_fields, tensor_stats
 
 TensorMode = Literal["full", "summary", "repr"]
 __all__ = ["Encoder", "TensorMode", "as_json", "is_json_safe"]
@@ -59,26 +59,33 @@ class Encoder:
         self._file_stems: set[str] = set()
         self._stats_buffers = StatsBuffers()
         self._device_stats = DeviceStats(self._stats_buffers)
-        self._unwritten: list[tuple[Path, torch.Tensor, dict[str, Any]]] = []
+        # payloads to write once ``value`` is encoded, with the statistics the writer computes (or None)
+        self._unwritten: list[tuple[Path, torch.Tensor, dict[str, Any], Measure | None]] = []
 
     def encode(self, value: Any, name: str) -> Any:
         """The JSON of ``value``; its payloads are written (or copied into the pipeline's pool) when this returns.
 
-        The statistics of every tensor in ``value`` are computed first and the
-        payloads written after: torch's worker threads, still awake from the
-        forward, then serve all the statistics, instead of being woken after
-        each file write.
+        With writer threads (``pipeline.measures``), a payload's statistics are
+        computed by the writer from its host copy, and the entry is complete
+        once the payload is written. Otherwise the statistics of every tensor
+        in ``value`` are computed here first and the payloads written after:
+        torch's worker threads, still awake from the forward, then serve all
+        the statistics, instead of being woken after each file write.
         """
         try:
             encoded = self._encode(value, name)
             while self._unwritten:
-                path, tensor, _ = self._unwritten[0]
-                write = self.pipeline.submit if self.pipeline is not None else write_tensor_file
-                self.payload_bytes += write(path, tensor)
+                path, tensor, _, measure = self._unwritten[0]
+                if self.pipeline is None:
+                    self.payload_bytes += write_tensor_file(path, tensor)
+                elif measure is None:
+                    self.payload_bytes += self.pipeline.submit(path, tensor)
+                else:
+                    self.payload_bytes += self.pipeline.submit(path, tensor, measure)
                 self.files += 1
                 del self._unwritten[0]
         except BaseException:
-            unwritten = {id(entry) for _, _, entry in self._unwritten}
+            unwritten = {id(entry) for _, _, entry, _ in self._unwritten}
             for key in [k for k, seen in self._seen.items() if id(seen[2]) in unwritten]:
                 del self._seen[key]  # never point a later tensor to a payload that was not written
             self._unwritten.clear()
@@ -142,23 +149,32 @@ class Encoder:
         device = str(tensor.device)
         self.devices.add(device)
         self.dtypes.add(str(dtype))
-        on_device = measured_on_device(tensor)  # statistics queued on the device, filled in by resolve_stats()
+        full = self.tensors == "full"
+        # Measured later: by the payload's writer thread, or on the device and filled in by resolve_stats().
+        by_writer = full and isinstance(self.pipeline, PayloadPipeline) and self.pipeline.measures
+        on_device = not by_writer and measured_on_device(tensor)
         stored: str | list[str] | None = None
-        if self.tensors == "full":
+        if full:
             tensor = tensor.contiguous()  # one copy at most, shared by the payload and the statistics
             file_name = self._unique_file_name(name)
-            stats = self._measure(tensor, on_device)
             stored = fmt.payload_reference(file_name)
-        else:
-            if self.tensors == "repr":
-                stored = _tensor_lines(tensor)
-            stats = self._measure(tensor, on_device)
-        strings = placeholder_strings(tensor) if on_device else \
+        elif self.tensors == "repr":
+            stored = _tensor_lines(tensor)
+        stats = {} if by_writer else self._measure(tensor, on_device)
+        strings = placeholder_strings(tensor) if by_writer or on_device else \
             string_fields(stats, dtype) if dtype in FLOAT_DTYPES and stats.get("numel") else None
         entry = fmt.tensor_entry(repr(tensor.shape), repr(dtype), stored, string_stats=strings, stats=stats,
                                  device=device)
         if on_device:
             self._device_stats.launch(tensor, entry, stats)
-        if self.tensors == "full":
-            self._unwritten.append((self.folder / file_name, tensor, entry))
+        if full:
+            measure = _filling(entry, stats, dtype) if by_writer else None
+            self._unwritten.append((self.folder / file_name, tensor, entry, measure))
         return entry
+
+
+def _filling(entry: dict[str, Any], stats: dict[str, Any], dtype: torch.dtype) -> Measure:
+    """What the writer thread runs on a payload's host copy: its statistics, into its entry."""
+    def measure(host: torch.Tensor, buffers: StatsBuffers) -> None:
+        fill_entry_stats(entry, stats, tensor_stats(host, buffers=buffers), dtype)
+    return measure

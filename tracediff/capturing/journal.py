@@ -260,13 +260,14 @@ class Journal:
         """Record ``node`` as finished, once its payloads are on disk.
 
         ``after_written`` (an asynchronous payload writer's) defers the line until
-        then; the line is built now, while ``node`` is still as the call left it.
+        then. The node's keys are taken now, while it is as the call left it;
+        the line is encoded when written, so that it holds the statistics the
+        writer computed with the payloads.
         """
         if self._fd is None or id(node) not in self._ids:
             return
         body = {key: value for key, value in node.items() if key != fmt.CHILDREN}
-        self._append_when_written(self._line({fmt.JOURNAL_EXIT: self._ids[id(node)], fmt.JOURNAL_NODE: body}),
-                                  after_written)
+        self._append_when_written({fmt.JOURNAL_EXIT: self._ids[id(node)], fmt.JOURNAL_NODE: body}, after_written)
 
     def op(self, node: dict[str, Any], call: dict[str, Any], at: int,
            after_written: Callable[[Callable[[], None]], None] | None = None) -> None:
@@ -274,25 +275,24 @@ class Journal:
         if self._fd is None or id(call) not in self._ids:
             return
         self._append_when_written(
-            self._line({fmt.JOURNAL_OP_IN: self._ids[id(call)], fmt.JOURNAL_AT: at, fmt.JOURNAL_NODE: node}),
-            after_written)
+            {fmt.JOURNAL_OP_IN: self._ids[id(call)], fmt.JOURNAL_AT: at, fmt.JOURNAL_NODE: dict(node)}, after_written)
 
     def backward(self, node: dict[str, Any], after_written: Callable[[Callable[[], None]], None] | None = None) -> None:
         """Record backward node ``node`` as it is now, once its payloads are on disk (as ``finished``)."""
         if self._fd is not None:
-            self._append_when_written(self._line({fmt.JOURNAL_BACKWARD: node}), after_written)
+            self._append_when_written({fmt.JOURNAL_BACKWARD: dict(node)}, after_written)
 
-    def _append_when_written(self, line: bytes | None,
+    def _append_when_written(self, entry: dict[str, Any],
                              after_written: Callable[[Callable[[], None]], None] | None) -> None:
-        if line is None:
-            return
         if after_written is None:
-            self._append(line)
+            self._write(entry)
         else:
-            after_written(lambda: self._append(line))
+            after_written(lambda: self._write(entry))
 
     def _write(self, entry: dict[str, Any]) -> None:
-        self._append_when_written(self._line(entry), None)
+        line = self._line(entry)
+        if line is not None:
+            self._append(line)
 
     def _line(self, entry: dict[str, Any]) -> bytes | None:
         try:

@@ -16,6 +16,10 @@ temporary file, one ``writev``, rename) and gives the buffer back.
 * **Back-pressure.** When the pool is full, ``submit`` waits for a writer to
   free a buffer: memory never grows with the model. A tensor larger than the
   whole pool is written directly in the hook, as without the pipeline.
+* **Statistics.** ``submit`` takes an optional ``measure``: the writer thread
+  calls it with the host copy before writing the file, so a tensor's
+  statistics cost the forward nothing but the copy (issue 23). A journal line
+  that waits for ``after_written`` therefore sees them complete.
 * **Errors.** The first write error (a full disk) is kept and raised by the
   next ``submit`` and by ``close``, naming the file; payloads queued behind it
   are dropped and the capture marks its trace incomplete.
@@ -41,9 +45,12 @@ import torch
 
 from ..errors import OutputDirError, TracediffError, UsageError
 from ..files.payloads import write_tensor_file
+from .stats import StatsBuffers
 
 DEFAULT_POOL_MB = 256
 _ALIGN = 1 << 16  # buffers are sized in multiples of 64 KiB, so that they can be reused by similar tensors
+# Computes a payload's statistics from its host copy and fills them into its entry; the buffers are the caller's.
+Measure = Callable[[torch.Tensor, StatsBuffers], None]
 
 
 def default_writers() -> int:
@@ -108,6 +115,7 @@ class _Job:
     done: Any  # a CUDA event to wait for before reading ``view``, or None
     source: torch.Tensor | None  # kept alive until its copy has completed
     seq: int  # submission order, for ``after_written``
+    measure: Measure | None
 
 
 class PayloadPipeline:
@@ -134,6 +142,7 @@ class PayloadPipeline:
         self._waiting: deque[tuple[int, Callable[[], None]]] = deque()
         self._queue: queue.Queue[_Job | None] = queue.Queue()
         self._streams: dict[torch.device, Any] = {}
+        self._inline_buffers = StatsBuffers()  # for the payloads ``submit`` writes itself
         self._threads = [threading.Thread(target=self._run, name=f"tracediff-writer-{i}", daemon=True)
                          for i in range(writers)]
         for thread in self._threads:
@@ -144,15 +153,24 @@ class PayloadPipeline:
         """What the capture's metadata states about the pipeline."""
         return {"writers": self.writers, "pool_bytes": self.pool.capacity, "peak_pool_bytes": self.pool.peak}
 
-    def submit(self, path: Path, tensor: torch.Tensor) -> int:
+    @property
+    def measures(self) -> bool:
+        """True when ``submit``'s ``measure`` runs on a writer thread, off the forward's path."""
+        return self.writers > 0
+
+    def submit(self, path: Path, tensor: torch.Tensor, measure: Measure | None = None) -> int:
         """Write ``tensor`` to ``path`` (now or on a writer thread); returns its payload bytes.
 
-        Raises the first write error of any earlier payload, or this one's when
-        it is written here.
+        ``measure``, when given, is called with the tensor's host copy before
+        the file is written (here, for a payload written here). Raises the
+        first write error of any earlier payload, or this one's when it is
+        written here.
         """
         self._raise_error()
         nbytes = tensor.numel() * tensor.element_size()
         if not self.writers or nbytes == 0 or nbytes > self.pool.capacity:
+            if measure is not None:
+                measure(tensor, self._inline_buffers)
             return self._write_now(path, tensor)
         buffer = self.pool.acquire(nbytes, abandon=lambda: self.error is not None)
         if buffer is None:
@@ -166,7 +184,7 @@ class PayloadPipeline:
             view.copy_(tensor)
         with self._lock:
             seq, self._submitted = self._submitted, self._submitted + 1
-        self._queue.put(_Job(path, view, buffer, done, source, seq))
+        self._queue.put(_Job(path, view, buffer, done, source, seq, measure))
         return nbytes
 
     def _copy_from_cuda(self, view: torch.Tensor, tensor: torch.Tensor) -> Any:
@@ -192,6 +210,7 @@ class PayloadPipeline:
         return written
 
     def _run(self) -> None:
+        buffers = StatsBuffers()  # this thread's own: buffers are not shared between threads
         while True:
             job = self._queue.get()
             if job is None:
@@ -200,6 +219,8 @@ class PayloadPipeline:
                 if job.done is not None:
                     job.done.synchronize()
                 job.source = None
+                if job.measure is not None:  # also behind a failed write: the entry stays complete
+                    job.measure(job.view, buffers)
                 if self.error is None:
                     self._write_now(job.path, job.view)
             except TracediffError as e:

@@ -237,6 +237,22 @@ def integer_summary(n: int, kind: str, chunks: Sequence[Sequence[float | int]]) 
             "zeros": n - int(sum(c[2] for c in chunks))}
 
 
+def fill_entry_stats(entry: dict[str, Any], stats: dict[str, Any], result: dict[str, Any],
+                     dtype: torch.dtype) -> None:
+    """Complete an entry whose statistics were measured after it was made (on a device, on a writer thread)."""
+    stats.clear()
+    stats.update(result)
+    if dtype in FLOAT_DTYPES and result.get("numel"):
+        entry.update(string_fields(result, dtype))  # the placeholders keep their place in the entry
+
+
+def placeholder_strings(tensor: torch.Tensor) -> dict[str, str] | None:
+    """The string fields an entry will get once measured, as empty strings that hold their place."""
+    if tensor.dtype in FLOAT_DTYPES and tensor.numel():
+        return {key: "" for key in fmt.STRING_STAT_KEYS}
+    return None
+
+
 def format_scalar(value: float | int | None, dtype: torch.dtype) -> str:
     """A statistic in the form of transformers' string fields, e.g. ``tensor(1.2300e-03)``.
 
