@@ -15,6 +15,11 @@ once, then ``align`` runs ``--repeats`` times per pair; throughput is the
 bytes of both traces' payloads over the median time. Peak RSS is measured in
 a fresh process per size, next to the RSS of that process before aligning.
 
+``--device cuda --dtype bfloat16`` writes the three traces from a model on that
+device in that dtype (a GPU-made pair; the alignment itself always runs on the
+host), into folders of their own; ``--capture tracediff`` writes them with
+``tracediff.capture`` instead of transformers' debugger.
+
 ``--cli`` times the whole command, ``tracediff align REF OTHER``, in a fresh
 process per run (start-up, imports, reading, comparing, rendering), next to
 ``tracediff align --help`` (start-up alone), with each process's peak RSS, and
@@ -39,7 +44,8 @@ import tempfile
 import time
 from pathlib import Path
 
-MB_PER_TOKEN = 0.545  # payload MB per token of sequence for this model, measured
+MB_PER_TOKEN = 0.545  # payload MB per token of sequence for this model in float32, measured
+BUILD = {"device": "cpu", "dtype": "float32", "capture": "transformers"}  # how the traces are written
 
 
 def build_traces(folder: Path, seq: int) -> None:
@@ -49,8 +55,8 @@ def build_traces(folder: Path, seq: int) -> None:
     config = LlamaConfig(hidden_size=512, intermediate_size=1536, num_hidden_layers=8, num_attention_heads=8,
                          num_key_value_heads=4, vocab_size=8000, max_position_embeddings=max(4096, seq))
     torch.manual_seed(0)
-    model = LlamaModel(config).eval()
-    ids = torch.randint(0, config.vocab_size, (1, seq))
+    model = LlamaModel(config).eval().to(BUILD["device"], getattr(torch, BUILD["dtype"]))
+    ids = torch.randint(0, config.vocab_size, (1, seq)).to(BUILD["device"])
     for name in ("ref", "same", "port"):
         if name == "port":
             with torch.no_grad():
@@ -58,8 +64,14 @@ def build_traces(folder: Path, seq: int) -> None:
                     p.add_(torch.randn_like(p) * 1e-4)
         out = folder / name
         shutil.rmtree(out, ignore_errors=True)
-        with torch.no_grad(), model_addition_debugger_context(model, debug_path=str(out), use_repr=False,
-                                                               do_prune_layers=False):
+        if BUILD["capture"] == "tracediff":
+            import tracediff
+
+            context = tracediff.capture(model, out)
+        else:
+            context = model_addition_debugger_context(model, debug_path=str(out), use_repr=False,
+                                                      do_prune_layers=False)
+        with torch.no_grad(), context:
             model(ids)
 
 
@@ -166,8 +178,13 @@ def _status_kib(field: str) -> int:
 
 
 def ensure(folder: Path, target_mb: int) -> Path:
-    seq = max(16, round(target_mb / MB_PER_TOKEN))
-    here = folder / f"seq{seq}"
+    import torch
+
+    element = getattr(torch, BUILD["dtype"]).itemsize
+    seq = max(16, round(target_mb / (MB_PER_TOKEN * element / 4)))
+    made = "".join(f"-{BUILD[key]}" for key, plain in (("device", "cpu"), ("dtype", "float32"),
+                                                        ("capture", "transformers")) if BUILD[key] != plain)
+    here = folder / f"seq{seq}{made}"
     if not all((here / n).is_dir() and any((here / n).glob("*.json")) for n in ("ref", "same", "port")):
         print(f"writing traces with seq={seq} into {here} ...", file=sys.stderr)
         here.mkdir(parents=True, exist_ok=True)
@@ -186,8 +203,13 @@ def main() -> None:
                         help="also time `tracediff align` on the two small traces of `tracediff demo`")
     parser.add_argument("--fast-path", action="store_true",
                         help="also time finding identical payloads from raw bytes vs by decoding them")
+    parser.add_argument("--device", default="cpu", help="where the traces are written: cpu (default), cuda")
+    parser.add_argument("--dtype", default="float32", help="model dtype of the traces: float32 (default), bfloat16")
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    parser.add_argument("--capture", choices=("transformers", "tracediff"), default="transformers",
+                        help="what writes the traces: transformers' debugger (default) or tracediff.capture")
     args = parser.parse_args()
+    BUILD.update(device=args.device, dtype=args.dtype, capture=args.capture)
     if args.child:
         peak_rss_child(*args.child)
         return

@@ -206,7 +206,10 @@ def align(
         verdicts = judge(drafts, jobs, trace_a, baseline=trace_n, noise_factor=float(noise_factor),
                          ignore=ignore_rules, run=run)
     set_steps(drafts, trace_b)
-    logits_verdicts = annotate_rows(drafts, jobs, trace_a, trace_b, logits=logits_patterns)
+    annotated = (jobs[row.order] for row in drafts if row.order < len(jobs) and row.status != "identical")
+    with _workers(sum(_record_bytes(ra) + _record_bytes(rb) for _, ra, _, rb in annotated
+                      if ra.has_payload and rb.has_payload)) as run:  # pcc and positions read the pairs again
+        logits_verdicts = annotate_rows(drafts, jobs, trace_a, trace_b, logits=logits_patterns, run=run)
     rows = freeze_rows(drafts)  # decided: from here on every row is a frozen TensorComparison
     del drafts
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import fnmatch
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,6 +37,8 @@ from ..trace.payload import as_floats, is_complex
 from .decode_steps import root_of_calls, sequence_starts
 from .result import Job, TensorComparison
 from .rows import RowDraft
+
+Run = Callable[[Callable[[Any], Any], list[Any]], list[Any]]  # maps a function over items (threads or not)
 
 _LOGITS_SLOT = "outputs.logits"
 
@@ -152,31 +154,32 @@ def _set(row: RowDraft, **fields: Any) -> None:
 
 
 def annotate_rows(rows: Sequence[RowDraft], jobs: Sequence[Job], a: Trace, b: Trace, *,
-                  logits: tuple[str, ...] = ()) -> tuple[LogitsVerdict, ...]:
+                  logits: tuple[str, ...] = (), run: Run | None = None) -> tuple[LogitsVerdict, ...]:
     """Fill ``pcc``, ``position``, ``positions_beyond`` and the logits columns of ``rows`` (still being built);
-    returns the logits verdicts. ``jobs[row.order]`` is the pair a row compared."""
+    returns the logits verdicts. ``jobs[row.order]`` is the pair a row compared. ``run(fn, items)`` maps
+    ``fn`` over the rows (the alignment's worker threads: each row is read and annotated on its own)."""
     starts = sequence_starts(b)
     roots = root_of_calls(b)
-    verdicts = []
-    for row in rows:
+
+    def annotate(row: RowDraft) -> LogitsVerdict | None:
         if row.order >= len(jobs) or row.op is not None:
-            continue
+            return None
         na, ra, nb, rb = jobs[row.order]
         logits_row = is_logits_row(row, nb.relative_path, logits)
         if row.status == "identical":
             _set(row, pcc=1.0, positions_beyond=0)
             if not logits_row:
-                continue
+                return None
         index = roots.get((nb.module_path, nb.call_index))
         start, length = starts.get(index, (0, None)) if index is not None else (0, None)
         cache = fmt.is_cache_slot(rb.slot)  # the positions before the step (see _sequence_axis)
         if length == 1 and row.within_tolerance is False and not cache:  # one token read: every error is there
             _set(row, position=start, positions_beyond=1)
         if not (ra.has_payload and rb.has_payload) or ra.shape != rb.shape or row.approximate:
-            continue
+            return None
         values = _read_pair(a, ra, b, rb)
         if values is None:
-            continue
+            return None
         va, vb = values
         _set(row, pcc=pearson(va, vb))
         axis = _sequence_axis(rb.slot, va.shape, start, length) if row.within_tolerance is False else None
@@ -187,8 +190,11 @@ def annotate_rows(rows: Sequence[RowDraft], jobs: Sequence[Job], a: Trace, b: Tr
         elif row.within_tolerance is True:
             _set(row, positions_beyond=0)
         if logits_row and va.ndim >= 1 and va.shape[-1] > 1:
-            verdicts.append(_logits_verdict(row, va, vb, start if length is not None else 0))
-    return tuple(verdicts)
+            return _logits_verdict(row, va, vb, start if length is not None else 0)
+        return None
+
+    mapped = run(annotate, list(rows)) if run is not None else [annotate(row) for row in rows]
+    return tuple(verdict for verdict in mapped if verdict is not None)
 
 
 def _read_pair(a: Trace, ra: Any, b: Trace, rb: Any) -> tuple[np.ndarray, np.ndarray] | None:

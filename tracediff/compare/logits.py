@@ -86,7 +86,8 @@ def pearson(a: np.ndarray, b: np.ndarray) -> float:
     """The Pearson correlation of the elements of ``a`` and ``b`` over positions finite on both sides."""
     a64, b64 = a.astype(np.float64, copy=False).ravel(), b.astype(np.float64, copy=False).ravel()
     keep = np.isfinite(a64) & np.isfinite(b64)
-    a64, b64 = a64[keep], b64[keep]
+    if not keep.all():  # (a copy of every element is a copy for nothing when all are finite)
+        a64, b64 = a64[keep], b64[keep]
     if a64.size < 2:
         return math.nan
     da, db = a64 - a64.mean(), b64 - b64.mean()

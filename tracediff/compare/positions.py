@@ -44,8 +44,15 @@ def positions_beyond_tolerance(a: np.ndarray, b: np.ndarray, *, atol: float, rto
     """The positions along ``dim`` of ``a`` and ``b`` (same shape) holding an element out of tolerance."""
     a64, b64 = a.astype(np.float64, copy=False), b.astype(np.float64, copy=False)
     with np.errstate(all="ignore"):
-        bad = ~(np.abs(a64 - b64) <= atol + rtol * np.abs(a64))
-        bad &= ~((np.isnan(a64) & np.isnan(b64)) | (np.isinf(a64) & (a64 == b64)))
+        diff = np.abs(a64 - b64)
+        bound = np.abs(a64)
+        bound *= rtol
+        bound += atol
+        bad = np.less_equal(diff, bound)
+        np.logical_not(bad, out=bad)
+        del diff, bound
+        if not np.isfinite(a64).all():  # NaN against NaN, or an infinity against the same one, is no error
+            bad &= ~((np.isnan(a64) & np.isnan(b64)) | (np.isinf(a64) & (a64 == b64)))
     per_position = np.moveaxis(bad, dim, 0).reshape(a.shape[dim], -1).any(axis=1)
     hits = np.flatnonzero(per_position)
     return PositionErrors(dim, int(hits[0]) if hits.size else None, int(hits.size), int(a.shape[dim]))

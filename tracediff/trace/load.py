@@ -58,6 +58,8 @@ class Trace:
     #: The tokens of each of ``roots`` (``tokens`` of a decode step: chosen, argmax), None where not recorded.
     root_tokens: list[StepTokens | None] = field(default_factory=list)
     _parameters: dict[str, tuple[str, ...]] | None = field(default=None, init=False, repr=False, compare=False)
+    # payload reference -> its file, resolved inside the folder once: an alignment reads a payload several times
+    _resolved: dict[str, Path] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def model_name(self) -> str:
@@ -103,7 +105,10 @@ class Trace:
         """The payload file of ``record``, resolved inside the trace folder (``UnsafePathError`` if not)."""
         if record.payload is None:
             raise TraceFormatError(f"{self.json_path}: {record.slot} has no payload")
-        return resolve_inside(self.directory, record.payload)
+        path = self._resolved.get(record.payload)
+        if path is None:
+            path = self._resolved[record.payload] = resolve_inside(self.directory, record.payload)
+        return path
 
     def load(self, record: TensorRecord) -> torch.Tensor:
         """Read the payload of ``record`` (memory-mapped through ``safe_open``; a regular file inside the folder)."""

@@ -257,17 +257,43 @@ def _best_order(trace_f: Trace, out_f: TensorRecord, trace_p: Trace, parts: list
 
 
 def _relative_error(x: Payload, y: Payload) -> float:
-    if x.shape != y.shape:
-        return math.inf
-    import numpy as np  # only once payloads are read: relating layouts from shapes needs no numpy
+    """The largest difference of ``x`` and ``y`` over the largest finite magnitude of ``y``."""
+    return RelativeError(y)(x)
 
-    from ...trace.payload import as_floats
 
-    xd, yd = as_floats(x.values, x.dtype, np.float64), as_floats(y.values, y.dtype, np.float64)
-    with np.errstate(all="ignore"):
-        diff = float(np.max(np.nan_to_num(np.abs(xd - yd), nan=math.inf))) if xd.size else 0.0
-        scale = float(np.max(np.nan_to_num(np.abs(yd), nan=0.0, posinf=0.0, neginf=0.0))) if yd.size else 0.0
-    return float(diff / (scale + 1e-30))
+class RelativeError:
+    """``_relative_error`` against one ``y``: its float64 values and scale computed once, for many ``x``."""
+
+    def __init__(self, y: Payload) -> None:
+        import numpy as np  # only once payloads are read: relating layouts from shapes needs no numpy
+
+        from ...trace.payload import as_floats
+
+        self.shape = y.shape
+        self.values = as_floats(y.values, y.dtype, np.float64)
+        with np.errstate(all="ignore"):
+            self.scale = float(np.max(np.nan_to_num(np.abs(self.values), nan=0.0, posinf=0.0, neginf=0.0))) \
+                if self.values.size else 0.0
+
+    def __call__(self, x: Payload) -> float:
+        import numpy as np
+
+        from ...trace.payload import as_floats
+
+        return self.of_floats(as_floats(x.values, x.dtype, np.float64)) if x.shape == self.shape else math.inf
+
+    def of_floats(self, xd: Any) -> float:
+        """The error of float64 values ``xd`` (any arrangement numpy can subtract without a copy)."""
+        return self.between(xd, self.values) if xd.shape == self.shape else math.inf
+
+    def between(self, xd: Any, yd: Any) -> float:
+        """The largest difference of ``xd`` and part ``yd`` of ``y`` over ``y``'s scale: a lower bound of the
+        error over all of ``y``."""
+        import numpy as np
+
+        with np.errstate(all="ignore"):
+            diff = float(np.max(np.nan_to_num(np.abs(xd - yd), nan=math.inf))) if xd.size else 0.0
+        return float(diff / (self.scale + 1e-30))
 
 
 def find_relayout(trace_a: Trace, ra: TensorRecord, trace_b: Trace, rb: TensorRecord) -> Transform | None:

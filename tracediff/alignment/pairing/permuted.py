@@ -5,17 +5,18 @@ head (torchtune's ``tune_to_hf``, transformers' ``convert_llama_weights_to_hf``)
 side by side (``x0 x1 x2 x3 ...``) on one side sit in two halves (``x0 x2 ... x1 x3 ...``) on the other.
 The outputs then hold the same values in another order, shapes equal, and compare as a divergence.
 
-An output of a paired call whose comparison failed, whose values agree once sorted, is tried against
-both orders for every even head size that divides its last dimension. The order is then decided **once for
-every instance of a repeated structure** (``layers.N.self_attn.q_proj``), by the instances whose
-enclosing call's outputs agree (they witness that the order is the port's layout, not its bug); without
-such a witness, by the instances the order fits. Every instance is then compared under that order, so a
-layer converted without the permutation, among layers converted with it, is the divergence, named at
-that layer.
+An output of a paired call whose comparison failed, whose values agree once sorted and do not fit as
+recorded, is tried against both orders for every even head size that divides its last dimension. The
+order is then decided **once for every instance of a repeated structure** (``layers.N.self_attn.q_proj``),
+by the instances whose enclosing call's outputs agree (they witness that the order is the port's layout,
+not its bug); without such a witness, by the instances the order fits. Every instance is then compared
+under that order, so a layer converted without the permutation, among layers converted with it, is the
+divergence, named at that layer.
 """
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Sequence
 
@@ -23,10 +24,11 @@ from ...trace.load import Trace
 from ...trace.model import Node, TensorRecord
 from ..result import Job, TensorComparison
 from .evidence import Values
-from .layout import Transform, _load, _relative_error, any_instance
+from .layout import RelativeError, Transform, _load, any_instance
 
 # relative error under which an order fits the values (a bf16 port stays well under it)
 _FITS = 2e-2
+_SAMPLE = 1 << 14  # elements of the first rows every order is tried on before the whole tensor
 
 
 def pair_orders(shape: tuple[int, ...]) -> list[Transform]:
@@ -59,7 +61,8 @@ def decide_orders(rows: Sequence[TensorComparison], jobs: Sequence[Job], trace_a
     for i, (row, job) in enumerate(zip(rows, jobs)):
         _, ra, _, rb = job
         if row.within_tolerance is False and ra.slot.startswith("outputs") and ra.shape == rb.shape \
-                and ra.shape is not None and values.similarity(ra, rb) >= 0.75:
+                and ra.shape is not None and _fits_as_recorded(row, rb) is not True \
+                and values.similarity(ra, rb) >= 0.75:
             found = _fitting_order(trace_a, ra, trace_b, rb)
             if found is not None:
                 fitting[i] = found
@@ -83,13 +86,41 @@ def decide_orders(rows: Sequence[TensorComparison], jobs: Sequence[Job], trace_a
     return decided
 
 
+def _fits_as_recorded(row: TensorComparison, rb: TensorRecord) -> bool | None:
+    """Whether the recorded order fits (``_relative_error`` under ``_FITS``), told from the row's largest error
+    and B's recorded extremes without reading a payload; None when they cannot tell."""
+    lo, hi = rb.stats.get("min"), rb.stats.get("max")
+    if row.approximate or row.transform is not None or row.nan_mismatch or row.inf_mismatch \
+            or lo is None or hi is None:
+        return None
+    scale = max(abs(lo), abs(hi))
+    if not (math.isfinite(scale) and scale > 0 and math.isfinite(row.max_abs_err)):
+        return None
+    estimate = row.max_abs_err / scale
+    # a margin either side: the extremes of a standard trace are read from 5 significant digits
+    return True if estimate < 0.9 * _FITS else False if estimate > 1.1 * _FITS else None
+
+
 def _fitting_order(trace_a: Trace, ra: TensorRecord, trace_b: Trace, rb: TensorRecord) -> Transform | None:
     a, b = _load(trace_a, ra), _load(trace_b, rb)
     if a is None or b is None or ra.shape is None:
         return None
+    import numpy as np
+
+    from ...trace.payload import as_floats
+
+    error, values = RelativeError(b), as_floats(a.values, a.dtype, np.float64)
+    if error.of_floats(values) < _FITS:  # the recorded order fits (a port's noise): no other order is looked for
+        return None
+    size = ra.shape[-1]
+    rows = values.size // size
+    head = min(rows, max(1, _SAMPLE // size))  # the first rows: an order is tried on all only if they fit
+    part_a, part_b = values.reshape(rows, size)[:head], error.values.reshape(rows, size)[:head]
     best, best_err = None, _FITS
-    for order in pair_orders(ra.shape):
-        err = _relative_error(order.apply(a), b)
+    for order, on_part in zip(pair_orders(ra.shape), pair_orders((head, size))):
+        if error.between(on_part.apply(part_a), part_b) >= best_err:  # never below the error over all rows
+            continue
+        err = error.of_floats(order.apply(values))
         if err < best_err:
             best, best_err = order, err
     return best
