@@ -27,17 +27,18 @@ $py -m pytest -q -p no:cacheprovider tests/capturing/test_cuda.py tests/capturin
 
 step "capture on the GPU (preset gpu, bfloat16)"
 $py bench/bench_capture.py --preset gpu --device cuda --dtype bfloat16 --repeats 5 --floors --no-memory \
-  --configs plain,full_sync,full_w2,summary,summary_chunk1m,hf --out-root /tmp/td-capture \
+  --configs plain,full_sync,full_w2,summary,summary_chunk1m,summary_nostats,hf --out-root /tmp/td-capture \
   --json "$out/capture_gpu.json" 2>&1 | tee "$out/capture_gpu.txt" | tail -14
 
 step "align of a GPU-made pair (bfloat16, written by tracediff.capture on the GPU)"
-$py bench/bench_align.py --device cuda --dtype bfloat16 --capture tracediff --size-mb 500 --repeats 5 --cli \
+$py bench/bench_align.py --device cuda --dtype bfloat16 --capture tracediff --size-mb 500 --repeats 3 --cli \
   --work /tmp/td-align 2>&1 | tee "$out/align_gpu.txt" | tail -14
 rm -rf /tmp/td-align
 
 step "summary capture on the GPU, sequence 8192"
 $py bench/bench_capture.py --preset gpu --device cuda --dtype bfloat16 --seq-len 8192 --repeats 5 --no-memory \
-  --configs plain,summary,summary_chunk1m --out-root /tmp/td-capture 2>&1 | tee "$out/summary_long.txt" | tail -8
+  --configs plain,summary,summary_nostats --out-root /tmp/td-capture 2>&1 \
+  | tee "$out/summary_long.txt" | tail -8
 
 step "capture on this machine's CPU (preset cpu, float32)"
 $py bench/bench_capture.py --repeats 7 --floors --no-memory --configs full_sync,full_w1,full_w2,summary \
