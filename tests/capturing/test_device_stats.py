@@ -6,6 +6,7 @@ exercises the same kernels and the same bookkeeping.
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -116,7 +117,8 @@ def test_a_capture_measuring_on_the_device_writes_the_trace_of_the_host_path(
 ) -> None:
     model, inputs = tiny_llama(layers=1)
     model = model.double()
-    with torch.no_grad(), tracediff.capture(model, tmp_path / "device", writers=1):
+    # writers=0: writer threads would measure the payloads on the host
+    with torch.no_grad(), tracediff.capture(model, tmp_path / "device", writers=0):
         model(**inputs)
     device_stats._DEVICES_READ_DIRECTLY.add("cpu")
     with torch.no_grad(), tracediff.capture(model, tmp_path / "host", writers=0):
@@ -127,3 +129,31 @@ def test_a_capture_measuring_on_the_device_writes_the_trace_of_the_host_path(
         assert device_file.read_text() == host_file.read_text()
     assert metadata(tmp_path / "device")["complete"] is True
     assert len(_stats_by_file(tmp_path / "device")) > 20
+
+
+@pytest.mark.parametrize("tensors,batch", [("summary", 16), ("full", 10_000)])
+def test_a_call_is_journaled_once_its_device_statistics_are_read_back(
+    tmp_path: Path, on_device: None, monkeypatch: pytest.MonkeyPatch, tensors: str, batch: int
+) -> None:
+    from tracediff import format as fmt
+    from tracediff.capturing.journal import Journal
+
+    monkeypatch.setattr(device_stats, "DEFAULT_BATCH", batch)
+    incomplete: list[str] = []
+    exits: list[int] = []
+    append = Journal._append
+
+    def checked_append(self: Journal, line: bytes) -> None:
+        entry = json.loads(line)
+        if fmt.JOURNAL_EXIT in entry:
+            exits.append(entry[fmt.JOURNAL_EXIT])
+            for tensor in tensor_entries(entry[fmt.JOURNAL_NODE]):
+                if not tensor["stats"] or tensor.get("mean") == "":  # a placeholder: not read back yet
+                    incomplete.append(tensor["shape"])
+        append(self, line)
+
+    monkeypatch.setattr(Journal, "_append", checked_append)
+    model, inputs = tiny_llama(layers=2)
+    with torch.no_grad(), tracediff.capture(model, tmp_path, tensors=tensors, writers=0) as session:  # type: ignore[arg-type]
+        model(**inputs)
+    assert incomplete == [] and sorted(exits) == list(range(session.calls))

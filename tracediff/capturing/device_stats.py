@@ -20,7 +20,9 @@ Complex tensors and unsigned integers wider than 8 bits are measured directly
 
 from __future__ import annotations
 
+import threading
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -54,11 +56,13 @@ def measured_on_device(tensor: torch.Tensor) -> bool:
 class DeviceStats:
     """Pending statistics of device tensors; ``resolve`` reads them all back at once."""
 
-    def __init__(self, buffers: StatsBuffers, *, batch: int = DEFAULT_BATCH) -> None:
-        self.batch = batch
+    def __init__(self, buffers: StatsBuffers, *, batch: int | None = None) -> None:
+        self.batch = DEFAULT_BATCH if batch is None else batch
         self._buffers = buffers
         # (entry to fill, its stats dict, numel, dtype, kind, per-chunk partials on the device)
         self._pending: list[tuple[dict[str, Any], dict[str, Any], int, torch.dtype, str, list[torch.Tensor]]] = []
+        self._waiting: list[Callable[[], None]] = []  # run once the statistics pending now are filled in
+        self._lock = threading.RLock()  # ``after_resolved`` is also called from payload writer threads
 
     def __len__(self) -> int:
         return len(self._pending)
@@ -75,12 +79,30 @@ class DeviceStats:
         chunk = DEVICE_CHUNK
         parts = [wide_partials(flat[start:start + chunk], self._buffers) if kind == "float" else integer_partials(
             flat[start:start + chunk]) for start in range(0, n, chunk)]
-        self._pending.append((entry, stats, n, t.dtype, kind, parts))
-        if len(self._pending) >= self.batch:
+        with self._lock:
+            self._pending.append((entry, stats, n, t.dtype, kind, parts))
+            full = len(self._pending) >= self.batch
+        if full:
             self.resolve()
 
+    def after_resolved(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` once every statistic queued so far is filled in: now when none is pending."""
+        with self._lock:
+            if self._pending:
+                self._waiting.append(callback)
+                return
+        callback()
+
     def resolve(self) -> None:
-        """Read back every pending statistic (one transfer per device) and fill in the entries."""
+        """Read back every pending statistic (one transfer per device), fill in the entries, then run the
+        callbacks that waited for them."""
+        with self._lock:
+            self._fill_pending()
+            waiting, self._waiting = self._waiting, []
+        for callback in waiting:
+            callback()
+
+    def _fill_pending(self) -> None:
         if not self._pending:
             return
         pending, self._pending = self._pending, []

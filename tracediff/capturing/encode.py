@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
@@ -135,6 +136,20 @@ class Encoder:
     def _measure(self, tensor: torch.Tensor, on_device: bool) -> dict[str, Any]:
         """The statistics of a host tensor now; an empty dict for a device tensor, filled in later."""
         return {} if on_device else tensor_stats(tensor, buffers=self._stats_buffers)
+
+    def when_complete(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` once the entries encoded so far are complete: payloads on disk, statistics known.
+
+        It may run on a payload writer thread, or later on this one (device statistics are read back in
+        batches), or now.
+        """
+        def payloads_written() -> None:
+            self._device_stats.after_resolved(callback)
+
+        if self.pipeline is not None:
+            self.pipeline.after_written(payloads_written)
+        else:
+            payloads_written()
 
     def resolve_stats(self) -> None:
         """Read back the statistics still pending on devices (the entries are complete afterwards)."""

@@ -229,11 +229,13 @@ def _payload_inside(folder: Path, reference: str) -> Path | None:
 class Journal:
     """The append-only record of calls started and finished (see the module docstring).
 
-    ``finished(node)`` must be called only once the node's payloads are on
-    disk: with payloads written synchronously that is when the call returns;
-    with an asynchronous payload writer, pass its ``after_written``. A journal
-    that cannot be written is given up silently: it is a safety net, never a
-    reason to break the user's forward.
+    A node's line is written once its entries are complete: its payloads on
+    disk and its statistics known. Pass ``after_written``, which runs a
+    callback then (the capture passes ``Encoder.when_complete``: payload
+    writer threads and statistics read back from a device defer it); without
+    it the node must already be complete. A journal that cannot be written is
+    given up silently: it is a safety net, never a reason to break the user's
+    forward.
     """
 
     def __init__(self, folder: Path) -> None:

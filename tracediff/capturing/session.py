@@ -191,10 +191,9 @@ class _NativeRecorder:
         if self.journal is not None:
             self.journal.backward(node, self._after_written())
 
-    def _after_written(self) -> Callable[[Callable[[], None]], None] | None:
-        """The payload pipeline's ``after_written``, or None when payloads are written as they are encoded."""
-        pipeline = self.encoder.pipeline
-        return pipeline.after_written if pipeline is not None else None
+    def _after_written(self) -> Callable[[Callable[[], None]], None]:
+        """What defers a journal line until the entries it holds are complete (payloads, statistics)."""
+        return self.encoder.when_complete
 
     def _close(self, node: dict[str, Any]) -> bool:
         """Attach a finished call to its parent; True when it was a top-level call."""
