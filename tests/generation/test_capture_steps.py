@@ -69,6 +69,26 @@ def _values(node: object) -> list[str]:
     return []
 
 
+@pytest.mark.parametrize("writers", [0, 2])
+def test_journal_lines_name_only_payloads_on_disk_when_steps_are_dropped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, writers: int
+) -> None:
+    from tracediff.capturing.journal import Journal
+
+    missing: list[str] = []
+    append = Journal._append
+
+    def checked(self: Journal, line: bytes) -> None:
+        entry = json.loads(line)
+        node = entry.get(fmt.JOURNAL_NODE)
+        missing.extend(name for name in _values(node) if not (self.path.parent / name).is_file())
+        append(self, line)
+
+    monkeypatch.setattr(Journal, "_append", checked)
+    capture_generation(ports.llama(), tmp_path / "t", steps=[0, -1], writers=writers)  # steps 1 to 3 dropped
+    assert missing == []
+
+
 def test_a_selected_step_reads_back_like_a_full_capture(tmp_path: Path) -> None:
     capture_generation(ports.llama(), tmp_path / "all")
     capture_generation(ports.llama(), tmp_path / "some", steps=[0, -1])

@@ -190,7 +190,8 @@ def align(
                       if ra.has_payload and rb.has_payload)) as run:
         drafts: list[RowDraft] = run(compare, range(len(jobs)))
     tick(None)
-    reordered = decide_orders(drafts, jobs, trace_a, trace_b, plan.values)  # rotary pairs side by side or in halves
+    # rotary pairs side by side or in halves
+    reordered = decide_orders(drafts, jobs, trace_a, trace_b, plan.values, transformed=plan.how.keys())
     for i, order in reordered.items():
         plan.how[(id(jobs[i][1]), id(jobs[i][3]))] = ("layout", order)
     drafts = [compare(i, _no_tick) if i in reordered else row for i, row in enumerate(drafts)]

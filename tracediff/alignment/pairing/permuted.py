@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 
 from ...trace.load import Trace
 from ...trace.model import Node, TensorRecord
@@ -55,13 +55,17 @@ def _family(job: Job) -> tuple[str, str, str, str]:
 
 
 def decide_orders(rows: Sequence[TensorComparison], jobs: Sequence[Job], trace_a: Trace, trace_b: Trace,
-                  values: Values) -> dict[int, Transform]:
-    """Row index -> the order to compare it under, for the rows of every family where an order was decided."""
+                  values: Values, transformed: Container[tuple[int, int]] = ()) -> dict[int, Transform]:
+    """Row index -> the order to compare it under, for the rows of every family where an order was decided.
+
+    ``transformed`` holds ``(id(ra), id(rb))`` of the pairs compared through a layout transform: their rows
+    do not tell how the tensors compare as recorded."""
     fitting: dict[int, Transform] = {}
     for i, (row, job) in enumerate(zip(rows, jobs)):
         _, ra, _, rb = job
+        as_recorded = (id(ra), id(rb)) not in transformed
         if row.within_tolerance is False and ra.slot.startswith("outputs") and ra.shape == rb.shape \
-                and ra.shape is not None and _fits_as_recorded(row, rb) is not True \
+                and ra.shape is not None and not (as_recorded and _fits_as_recorded(row, rb) is True) \
                 and values.similarity(ra, rb) >= 0.75:
             found = _fitting_order(trace_a, ra, trace_b, rb)
             if found is not None:
@@ -87,11 +91,11 @@ def decide_orders(rows: Sequence[TensorComparison], jobs: Sequence[Job], trace_a
 
 
 def _fits_as_recorded(row: TensorComparison, rb: TensorRecord) -> bool | None:
-    """Whether the recorded order fits (``_relative_error`` under ``_FITS``), told from the row's largest error
-    and B's recorded extremes without reading a payload; None when they cannot tell."""
+    """Whether the recorded order fits (``_relative_error`` under ``_FITS``), told from the largest error of a
+    row compared as recorded and B's recorded extremes, without reading a payload; None when they cannot
+    tell."""
     lo, hi = rb.stats.get("min"), rb.stats.get("max")
-    if row.approximate or row.transform is not None or row.nan_mismatch or row.inf_mismatch \
-            or lo is None or hi is None:
+    if row.approximate or row.nan_mismatch or row.inf_mismatch or lo is None or hi is None:
         return None
     scale = max(abs(lo), abs(hi))
     if not (math.isfinite(scale) and scale > 0 and math.isfinite(row.max_abs_err)):
