@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -25,10 +26,17 @@ class Projection(nn.Module):
         return self.q_proj(x)
 
 
-def _capture(model: nn.Module, x: torch.Tensor, out: Path) -> Path:
-    with torch.no_grad(), tracediff.capture(model, out):
-        model(x)
-    return out
+def _traces(tmp_path: Path, convert: Callable[[torch.Tensor], torch.Tensor]) -> tuple[Path, Path]:
+    """Traces of a projection and of its port, whose weight and bias are ``convert``ed (rows: outputs)."""
+    torch.manual_seed(0)
+    reference, port, x = Projection(), Projection(), torch.randn(64, 32)
+    with torch.no_grad():
+        port.q_proj.weight.copy_(convert(reference.q_proj.weight))
+        port.q_proj.bias.copy_(convert(reference.q_proj.bias[:, None])[:, 0])
+    for model, folder in ((reference, tmp_path / "a"), (port, tmp_path / "b")):
+        with torch.no_grad(), tracediff.capture(model, folder):
+            model(x)
+    return tmp_path / "a", tmp_path / "b"
 
 
 def _pairs_to_halves(weight: torch.Tensor) -> torch.Tensor:
@@ -53,13 +61,8 @@ def counted_orders(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, ...]]:
 def test_a_port_that_differs_by_noise_is_never_tried_in_other_orders(
     tmp_path: Path, counted_orders: list[tuple[int, ...]]
 ) -> None:
-    torch.manual_seed(0)
-    reference, x = Projection(), torch.randn(64, 32)
-    port = Projection()
-    with torch.no_grad():
-        port.q_proj.weight.copy_(reference.q_proj.weight + 1e-4 * torch.randn_like(reference.q_proj.weight))
-        port.q_proj.bias.copy_(reference.q_proj.bias)
-    a, b = _capture(reference, x, tmp_path / "a"), _capture(port, x, tmp_path / "b")
+    noise = torch.Generator().manual_seed(1)
+    a, b = _traces(tmp_path, lambda w: w + 1e-4 * torch.randn(w.shape, generator=noise))
     result = tracediff.align(a, b, atol=1e-7, rtol=0)
     assert result.first_divergence is not None  # the noise fails a tolerance this tight...
     assert counted_orders == []  # ...and fits as recorded: no order is tried on any tensor
@@ -69,13 +72,7 @@ def test_a_port_that_differs_by_noise_is_never_tried_in_other_orders(
 def test_a_projection_converted_to_halves_is_compared_in_its_order(
     tmp_path: Path, counted_orders: list[tuple[int, ...]]
 ) -> None:
-    torch.manual_seed(0)
-    reference, x = Projection(), torch.randn(64, 32)
-    port = Projection()
-    with torch.no_grad():
-        port.q_proj.weight.copy_(_pairs_to_halves(reference.q_proj.weight))
-        port.q_proj.bias.copy_(_pairs_to_halves(reference.q_proj.bias[:, None])[:, 0])
-    a, b = _capture(reference, x, tmp_path / "a"), _capture(port, x, tmp_path / "b")
+    a, b = _traces(tmp_path, _pairs_to_halves)
     result = tracediff.align(a, b)
     assert counted_orders  # the recorded order does not fit: the orders were tried...
     assert result.passed, result.first_divergence  # ...and the one of the conversion found
