@@ -186,8 +186,7 @@ def align(
 
     # each row is a draft (alignment.rows) until every stage below has decided it, then frozen once
     # threads help only where numpy works on payloads; statistics are compared in Python, under the GIL
-    with _workers(sum(_record_bytes(ra) + _record_bytes(rb) for _, ra, _, rb in jobs
-                      if ra.has_payload and rb.has_payload)) as run:
+    with _workers(_pair_bytes(jobs)) as run:
         drafts: list[RowDraft] = run(compare, range(len(jobs)))
     tick(None)
     # rotary pairs side by side or in halves
@@ -207,9 +206,8 @@ def align(
         verdicts = judge(drafts, jobs, trace_a, baseline=trace_n, noise_factor=float(noise_factor),
                          ignore=ignore_rules, run=run)
     set_steps(drafts, trace_b)
-    annotated = (jobs[row.order] for row in drafts if row.order < len(jobs) and row.status != "identical")
-    with _workers(sum(_record_bytes(ra) + _record_bytes(rb) for _, ra, _, rb in annotated
-                      if ra.has_payload and rb.has_payload)) as run:  # pcc and positions read the pairs again
+    annotated = [jobs[row.order] for row in drafts if row.order < len(jobs) and row.status != "identical"]
+    with _workers(_pair_bytes(annotated)) as run:  # pcc and positions read the pairs again
         logits_verdicts = annotate_rows(drafts, jobs, trace_a, trace_b, logits=logits_patterns, run=run)
     rows = freeze_rows(drafts)  # decided: from here on every row is a frozen TensorComparison
     del drafts
@@ -378,6 +376,11 @@ def _progress(enabled: bool, jobs: list[tuple[Node, TensorRecord, Node, TensorRe
             bar.update(_record_bytes(record) * 2)
 
     return tick
+
+
+def _pair_bytes(jobs: Iterable[Job]) -> int:
+    """The payload bytes of the pairs of ``jobs`` that have payloads on both sides."""
+    return sum(_record_bytes(ra) + _record_bytes(rb) for _, ra, _, rb in jobs if ra.has_payload and rb.has_payload)
 
 
 def _record_bytes(record: TensorRecord) -> int:

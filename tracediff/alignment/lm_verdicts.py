@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import fnmatch
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,8 +37,7 @@ from ..trace.payload import as_floats, is_complex
 from .decode_steps import root_of_calls, sequence_starts
 from .result import Job, TensorComparison
 from .rows import RowDraft
-
-Run = Callable[[Callable[[Any], Any], list[Any]], list[Any]]  # maps a function over items (threads or not)
+from .verdicts.apply import Runner
 
 _LOGITS_SLOT = "outputs.logits"
 
@@ -154,7 +153,7 @@ def _set(row: RowDraft, **fields: Any) -> None:
 
 
 def annotate_rows(rows: Sequence[RowDraft], jobs: Sequence[Job], a: Trace, b: Trace, *,
-                  logits: tuple[str, ...] = (), run: Run | None = None) -> tuple[LogitsVerdict, ...]:
+                  logits: tuple[str, ...] = (), run: Runner | None = None) -> tuple[LogitsVerdict, ...]:
     """Fill ``pcc``, ``position``, ``positions_beyond`` and the logits columns of ``rows`` (still being built);
     returns the logits verdicts. ``jobs[row.order]`` is the pair a row compared. ``run(fn, items)`` maps
     ``fn`` over the rows (the alignment's worker threads: each row is read and annotated on its own)."""

@@ -35,7 +35,7 @@ import random
 import sys
 import warnings
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -184,21 +184,17 @@ class _NativeRecorder:
     def op_recorded(self, node: dict[str, Any], call: dict[str, Any]) -> None:
         """An op node was added as the last child of ``call`` (op-level capture): journal it."""
         if self.journal is not None:  # written once the op's payloads are on disk
-            self.journal.op(node, call, len(call[fmt.CHILDREN]) - 1, self._after_written())
+            self.journal.op(node, call, len(call[fmt.CHILDREN]) - 1, self.encoder.when_complete)
 
     def backward_recorded(self, node: dict[str, Any]) -> None:
         """A backward node got gradients (backward capture): journal it as it is now."""
         if self.journal is not None:
-            self.journal.backward(node, self._after_written())
-
-    def _after_written(self) -> Callable[[Callable[[], None]], None]:
-        """What defers a journal line until the entries it holds are complete (payloads, statistics)."""
-        return self.encoder.when_complete
+            self.journal.backward(node, self.encoder.when_complete)
 
     def _close(self, node: dict[str, Any]) -> bool:
         """Attach a finished call to its parent; True when it was a top-level call."""
         if self.journal is not None:  # written once the call's payloads are on disk
-            self.journal.finished(node, self._after_written())
+            self.journal.finished(node, self.encoder.when_complete)
         while self.stack and self.stack[-1] is not node:
             self.stack.pop()
         if self.stack:

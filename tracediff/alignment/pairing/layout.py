@@ -309,9 +309,10 @@ def find_relayout(trace_a: Trace, ra: TensorRecord, trace_b: Trace, rb: TensorRe
         return None
     best: Transform | None = None
     best_key: tuple[float, int] = (math.inf, 0)
+    error = RelativeError(b)  # B decoded once for every candidate
     for candidate in _candidates(a.shape, b.shape):
         try:
-            err = _relative_error(candidate.apply(a), b)
+            err = error(candidate.apply(a))
         except ValueError:
             continue
         key = (err, len(candidate.steps))

@@ -39,7 +39,7 @@ from .noise import (
 )
 from .sources import find_sources
 
-Runner = Callable[[Callable[[int], Any], Iterable[int]], list[Any]]
+Runner = Callable[[Callable[[Any], Any], Iterable[Any]], list[Any]]  # maps a function over items (threads or not)
 
 
 @dataclass(frozen=True)
