@@ -131,6 +131,51 @@ def _no_device_stats(inner: Context) -> Context:
     return context
 
 
+def _constant_stats(inner: Context) -> Context:
+    """``inner`` with every floating tensor's statistics replaced by constants: what the capture costs besides
+    computing statistics (hooks, entries, journal, trees). The trace is not valid."""
+    def context(model: torch.nn.Module, out: Path) -> contextlib.AbstractContextManager[Any]:
+        from tracediff.capturing import stats
+
+        def constants(flat: torch.Tensor, n: int, buffers: Any) -> dict[str, Any]:
+            return stats._summary(n, -1.0, 1.0, 0.0, float(n), float(n), n, n, 0, 0)
+
+        stack = contextlib.ExitStack()
+        stack.callback(setattr, stats, "_float_stats", stats._float_stats)
+        stats._float_stats = constants
+        stack.enter_context(inner(model, out))
+        return stack
+    return context
+
+
+def _stats_on_a_thread(inner: Context) -> Context:
+    """``inner`` with every floating tensor's statistics computed on one background thread, overlapped with the
+    forward; the run ends when the thread has measured every tensor. Measures whether a core is left idle for
+    the statistics; the recorded numbers are constants and a tensor edited in place later would be measured
+    after the edit, so the trace is not valid."""
+    def context(model: torch.nn.Module, out: Path) -> contextlib.AbstractContextManager[Any]:
+        from concurrent.futures import Future, ThreadPoolExecutor
+
+        from tracediff.capturing import stats
+
+        measure, buffers = stats._float_stats, stats.StatsBuffers()
+        pool = ThreadPoolExecutor(1)
+        pending: list[Future[Any]] = []
+
+        def submit(flat: torch.Tensor, n: int, _buffers: Any) -> dict[str, Any]:
+            pending.append(pool.submit(measure, flat, n, buffers))
+            return stats._summary(n, -1.0, 1.0, 0.0, float(n), float(n), n, n, 0, 0)
+
+        stack = contextlib.ExitStack()
+        stack.callback(pool.shutdown)  # runs last: the statistics are part of the run's time
+        stack.callback(lambda: [future.result() for future in pending])
+        stack.callback(setattr, stats, "_float_stats", measure)
+        stats._float_stats = submit
+        stack.enter_context(inner(model, out))
+        return stack
+    return context
+
+
 CONFIGS: dict[str, tuple[str, Context | None]] = {
     "plain": ("plain forward", None),
     "hf": ("transformers debugger, use_repr=False, do_prune_layers=False", _hf(False, False)),
@@ -145,6 +190,10 @@ CONFIGS: dict[str, tuple[str, Context | None]] = {
                         _device_chunk(1 << 20, _native("summary"))),
     "summary_nostats": ("the same, nothing measured on the device: the host's part (no valid trace)",
                         _no_device_stats(_native("summary"))),
+    "summary_constant_stats": ("the same, statistics replaced by constants: the rest of its cost (no valid trace)",
+                               _constant_stats(_native("summary"))),
+    "summary_stats_thread": ("the same, statistics on one background thread (no valid trace)",
+                             _stats_on_a_thread(_native("summary"))),
     "compat": ("tracediff.model_addition_debugger_context, use_repr=False, do_prune_layers=False", _compat),
 }
 

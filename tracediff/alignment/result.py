@@ -38,8 +38,10 @@ noise_ratio            max_abs_err / noise_floor (None: zero or no floor)
 growth                 this row's error beyond noise over what flowed into
                        it (``Alignment.sources``: the rows where error is
                        introduced)
-matched_by, transform  how the pair was found (name, map, structure, layout)
-                       and the layout transform relating the two tensors
+matched_by, transform  how the pair was found (name, map, structure, layout,
+                       output: B's unpaired call that made the matched
+                       call's output) and the layout transform relating
+                       the two tensors
 pairing                the evidence the pair rests on: ``map`` (the user's
                        rename map), ``value`` (the values agree, or a layout
                        was verified on them), ``name`` or ``shape`` (sizes
@@ -128,7 +130,7 @@ class TensorComparison:
     noise_floor: float | None = None
     noise_ratio: float | None = None
     growth: float | None = None
-    # how the pair was found (name, map, structure, layout) and the layout transform relating them
+    # how the pair was found (name, map, structure, layout, output) and the layout transform relating them
     matched_by: str = "name"
     transform: str | None = None
     unrecorded: tuple[str, ...] = ()

@@ -4,8 +4,10 @@ Calls are matched (:mod:`tracediff.alignment.pairing.calls`), tensors within
 matched calls are paired (:mod:`tracediff.alignment.pairing.slots`), then layouts
 relate what is left (:mod:`tracediff.alignment.pairing.layout`): fused calls among
 the unpaired children of matched calls, and tensors of a matched call whose
-shapes differ. Each pair remembers how it was found (``matched_by``: name,
-map, structure or layout) and the transform relating it, if any.
+shapes differ; last, an output of a matched call that B made in a call with
+no partner is paired there too (:mod:`tracediff.alignment.pairing.producers`).
+Each pair remembers how it was found (``matched_by``: name, map, structure,
+layout or output) and the transform relating it, if any.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from ..result import Job, Unmatched
 from .calls import Matching, match_nodes
 from .evidence import Values
 from .layout import Transform, compare_transformed, find_fused, find_relayout
+from .producers import find_producers
 from .slots import pair_tensors
 from .unrecorded import all_unrecorded
 
@@ -110,9 +113,23 @@ def plan_pairs(trace_a: Trace, trace_b: Trace, rules: RenameRules, *, match: str
             plan.how[(id(found.record_a), id(found.record_b))] = ("layout", found.transform)
             plan.jobs.append((found.node_a, found.record_a, found.node_b, found.record_b))
             plan.layout_nodes.append((found.node_a, found.node_b))
+    # an output of a paired call, made in B by a call with no partner, is compared there too
+    relaid_b = {id(node_b) for _, node_b in plan.layout_nodes}
+    producers = set()
+    for made in find_producers(list(plan.jobs), unpaired_b - relaid_b):
+        node_a, record_a, _, record_b = made.job
+        key = (id(record_a), id(made.record))
+        plan.how[key] = ("output", None)
+        if (id(record_a), id(record_b)) in plan.pairing:
+            plan.pairing[key] = plan.pairing[(id(record_a), id(record_b))]
+        plan.jobs.append((node_a, record_a, made.node, made.record))
+        producers.add(id(made.node))
+        plan.unmatched_b += [Unmatched(made.node.module_path, made.node.call_index, t.slot)
+                             for t in made.node.tensors if t is not made.record]
     # calls holding no tensor (only caches, flags) are not counted as unmatched
     left_a = [n for n in matching.unmatched_a if (id(n) in unpaired_a or id(n) in matching.idle) and n.tensors]
-    left_b = [n for n in matching.unmatched_b if (id(n) in unpaired_b or id(n) in matching.idle) and n.tensors]
+    left_b = [n for n in matching.unmatched_b if (id(n) in unpaired_b or id(n) in matching.idle) and n.tensors
+              and id(n) not in producers]
     plan.unmatched_a = [Unmatched(n.module_path, n.call_index) for n in left_a] + plan.unmatched_a
     plan.unmatched_b = [Unmatched(n.module_path, n.call_index) for n in left_b] + plan.unmatched_b
     plan.warnings = _coverage_warnings(matching, match)

@@ -1,0 +1,67 @@
+"""Calls of B with no partner that made an output of a paired call: where such a value was computed.
+
+A reference may compute in a call's own code what the port computes in a submodule: torchtune's tied
+output projection is a function of the token embedding, transformers' is ``lm_head``. ``lm_head`` then has
+no partner, and a wrong ``lm_head`` would show only at the output of the whole model. When an unpaired call
+inside a paired call of B returned the very tensor that the paired call returns (the same payload, or with
+no payloads the same shape, dtype and statistics), the pair's output is also compared at that call:
+``matched_by="output"``. The row comes first, so a divergence made there is named there.
+
+The search stops at paired calls (their outputs have pairs of their own), and skips calls that return one
+of their inputs (a dropout in eval mode computes nothing).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from ...trace.model import Node, TensorRecord
+from ..result import Job
+
+OUTPUTS = "outputs"
+
+
+@dataclass(frozen=True)
+class Produced:
+    """B's ``record`` of ``node`` (unpaired) is the value of ``job``'s B record."""
+
+    job: Job
+    node: Node
+    record: TensorRecord
+
+
+def find_producers(jobs: list[Job], unpaired_b: set[int]) -> Iterator[Produced]:
+    """For each job pairing an output, the innermost unpaired call of B below it that returned that output."""
+    for job in jobs:
+        _, _, node_b, record_b = job
+        if not _is_output(record_b.slot) or node_b.op is not None:
+            continue
+        found = _innermost(node_b, record_b, unpaired_b)
+        if found is not None:
+            yield Produced(job, *found)
+
+
+def _innermost(parent: Node, value: TensorRecord, unpaired: set[int]) -> tuple[Node, TensorRecord] | None:
+    for child in reversed(parent.children):  # the value is made late: the last calls first
+        if id(child) not in unpaired:
+            continue
+        deeper = _innermost(child, value, unpaired)
+        if deeper is not None:
+            return deeper
+        made = next((r for r in child.tensors if _is_output(r.slot) and _same_value(r, value)), None)
+        if made is not None and not any(_same_value(r, value) for r in child.tensors if not _is_output(r.slot)):
+            return child, made
+    return None
+
+
+def _is_output(slot: str) -> bool:
+    return slot == OUTPUTS or slot.startswith(OUTPUTS + ".")
+
+
+def _same_value(one: TensorRecord, other: TensorRecord) -> bool:
+    """The same tensor of one trace: one payload, or (no payloads) the same shape, dtype and statistics."""
+    if one.payload is not None or other.payload is not None:
+        return one.payload == other.payload
+    return (one.shape == other.shape and one.dtype == other.dtype and bool(one.stats)
+            and one.stats == other.stats and bool(one.stats.get("std")))
