@@ -241,6 +241,7 @@ def align(
         argument_diffs=tuple(diff_arguments(matching.pairs) + op_pairing.argument_diffs),
         structural=matching.structural,
         suggested_rename=tuple(plan.suggested),
+        suggested_slots=tuple(plan.suggested_slots),
         warnings=tuple(warnings) + verdicts.warnings,
         matched_nodes=plan.matched_nodes,
         incomplete_a=trace_a.incomplete_reason, incomplete_b=trace_b.incomplete_reason,

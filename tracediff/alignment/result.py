@@ -273,6 +273,8 @@ class Alignment:
     argument_diffs: tuple[ArgumentDiff, ...] = ()
     structural: bool = False
     suggested_rename: tuple[tuple[str, str], ...] = ()
+    # slot rules (regex, slot, "") a suggested map needs: the inputs of pairs compared on their outputs only
+    suggested_slots: tuple[tuple[str, str, str], ...] = ()
     warnings: tuple[str, ...] = ()
     matched_nodes: int = 0
     baseline: str | None = None
@@ -411,6 +413,7 @@ class Alignment:
             "unmatched_b": [u.to_dict() for u in self.unmatched_b],
             "argument_diffs": [d.to_dict() for d in self.argument_diffs],
             "suggested_rename": [list(rule) for rule in self.suggested_rename],
+            "suggested_slots": [[pattern, slot, None] for pattern, slot, _ in self.suggested_slots],
             "warnings": list(self.warnings),
             "baseline": self.baseline,
             "sources": [row.to_dict() for row in self.sources],

@@ -23,8 +23,15 @@ Rules = list[tuple[str, str]]
 _NUMBER = re.compile(r"\d+")
 
 
-def suggest_rules(pairs: Iterable[tuple[Node, Node]]) -> Rules:
-    """The fewest rules, in order, that map A's relative path onto B's for every pair (see the module docstring)."""
+def suggest_rules(pairs: Iterable[tuple[Node, Node]], unpaired_a: Iterable[str] = (),
+                  paths_b: Iterable[str] = ()) -> Rules:
+    """The fewest rules, in order, that map A's relative path onto B's for every pair (see the module docstring).
+
+    ``unpaired_a`` (relative paths of A's calls left unpaired) and ``paths_b`` (every relative path of B's
+    calls) keep a call the pairing left alone from taking a B call's name through a rule written for its
+    parent or child (``transformer.h.0.mlp`` renamed ``blocks.0.mlp`` by ``transformer.h -> blocks``): a
+    first rule renames it ``transformer.h.N.mlp (unpaired)``, which no B call is named.
+    """
     by_depth = sorted(pairs, key=lambda p: (p[0].relative_path.count(".") if p[0].relative_path else -1,
                                             p[0].enter_order))
     ordered = [(a.relative_path, b.relative_path) for a, b in by_depth]
@@ -36,7 +43,29 @@ def suggest_rules(pairs: Iterable[tuple[Node, Node]]) -> Rules:
         rule = _rule(current, path_b)
         if rule not in rules:
             rules.append(rule)
-    return _repair(ordered, rules)
+    rules = _repair(ordered, rules)
+    names_b = set(paths_b)
+    for path_a in unpaired_a:
+        current = apply_rename(path_a, rules)
+        if current == path_a or current not in names_b or not current:
+            continue
+        own = [_own_name(path_a), *rules]  # first, on A's own path: later rules cannot make it B's name again
+        if apply_rename(path_a, own) not in names_b and all(apply_rename(a, own) == b for a, b in ordered):
+            rules = own
+    return rules
+
+
+UNPAIRED = " (unpaired)"  # what a suggested map appends to the name of a call it keeps from a B call's name
+
+
+def _own_name(path_a: str) -> tuple[str, str]:
+    """A rule renaming ``path_a``, in every instance (its layer numbers as groups), to itself + ``UNPAIRED``."""
+    parts = path_a.split(".")
+    pattern = "^" + "\\.".join("(\\d+)" if part.isdigit() else re.escape(part) for part in parts) + "$"
+    groups = iter(range(1, len(parts) + 1))
+    replacement = ".".join(f"\\{next(groups)}" if part.isdigit() else part.replace("\\", "\\\\")
+                           for part in parts)
+    return pattern, replacement + UNPAIRED
 
 
 def _rule(path_a: str, path_b: str) -> tuple[str, str]:

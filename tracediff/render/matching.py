@@ -84,27 +84,34 @@ def suggestion_lines(result: Alignment, *, limit: int | None = SHOWN_RULES) -> l
     lines += [f"  {a!r} -> {b!r}" for a, b in shown]
     if len(shown) < len(rules):
         lines.append(f"  ... {len(rules) - len(shown)} more in the --suggest-map file")
+    for pattern, slot, _ in result.suggested_slots:  # the file's slot rules: the inputs the pairing set aside
+        lines.append(f"  {slot} of {pattern!r}: not compared (paired on their outputs)")
     return lines
 
 
-def suggested_map(result: Alignment) -> dict[str, list[list[str]]]:
+def suggested_map(result: Alignment) -> dict[str, list[list[str | None]]]:
     """The ``--suggest-map`` file: every suggested rename rule, and the layout pairings found, for the record.
 
-    ``layout`` entries (``[module_a, module_b, transform]``, layer numbers as
+    ``slots`` entries set aside the inputs of the calls paired on their outputs
+    only (``[module_regex, "inputs", null]``). ``layout`` entries
+    (``[module_a, module_b, transform]``, layer numbers as
     ``N``) document the fused and re-laid-out pairs; ``align`` finds them again
     by itself and ignores them when the file is passed back with ``--map``.
     """
     import re
 
-    layout: list[list[str]] = []
+    layout: list[list[str | None]] = []
     for row in result.rows:
         if row.matched_by != "layout" or not row.transform:
             continue
-        entry = [re.sub(r"(?<=\.)\d+(?=\.|$)", "N", path.split(".", 1)[-1])
-                 for path in (row.module_path_a, row.module_path_b)] + [row.transform]
+        paths = [re.sub(r"(?<=\.)\d+(?=\.|$)", "N", path.split(".", 1)[-1])
+                 for path in (row.module_path_a, row.module_path_b)]
+        entry: list[str | None] = [*paths, row.transform]
         if entry not in layout:
             layout.append(entry)
-    out: dict[str, list[list[str]]] = {"rename": [list(rule) for rule in result.suggested_rename]}
+    out: dict[str, list[list[str | None]]] = {"rename": [list(rule) for rule in result.suggested_rename]}
+    if result.suggested_slots:  # inputs the pairing set aside: a map without them would compare them
+        out["slots"] = [[pattern, slot, None] for pattern, slot, _ in result.suggested_slots]
     if layout:
         out["layout"] = layout
     return out

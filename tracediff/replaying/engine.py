@@ -40,9 +40,9 @@ import torch
 from torch import nn
 
 from ..alignment.pairing.calls import MATCH_MODES, match_nodes
-from ..alignment.pairing.slots import Parameters, pair_tensors
+from ..alignment.pairing.slots import Parameters, inputs_set_aside, pair_tensors
 from ..errors import TraceFormatError, UsageError
-from ..maps.rules import _UNSET, MapSpec, apply_rename, map_argument, rename_rules
+from ..maps.rules import _UNSET, MapSpec, SlotRules, apply_rename, map_argument, read_map
 from ..trace.load import Trace, load_trace
 from ..trace.model import Node
 from .culprits import Candidate, decide
@@ -114,11 +114,12 @@ def replay(
     device = check_device(device)
     trace = trace_a if isinstance(trace_a, Trace) else load_trace(trace_a)
     _check_replayable(trace)
-    rules = rename_rules(map_argument(map, rename))
+    rename_map = read_map(map_argument(map, rename))
+    rules = list(rename_map.rename)
     patterns = _patterns(modules)
     seed = _seed(trace.metadata)
     with prepared(model_b, device) as run_device:
-        job = _Job(trace, model_b, rules, match, seed, run_device, atol, rtol, oracle)
+        job = _Job(trace, model_b, rules, match, seed, run_device, atol, rtol, oracle, list(rename_map.slots))
         job.run(patterns, progress)
         if patch:
             job.measure_patches()
@@ -162,12 +163,18 @@ class _Done:
     order: int
 
 
+_OUTPUTS_ONLY = ("paired with A's call on its outputs only: its inputs are not the inputs A's call recorded "
+                 "(they differ by design, or the map sets them aside)")
+
+
 class _Job:
     """One replay: matching, the per-call runs, culprits and patches."""
 
     def __init__(self, trace: Trace, model: nn.Module, rules: list[tuple[str, str]], match: str, seed: int,
-                 device: torch.device, atol: float | None, rtol: float | None, oracle: bool) -> None:
+                 device: torch.device, atol: float | None, rtol: float | None, oracle: bool,
+                 slots: SlotRules | None = None) -> None:
         self.trace, self.model, self.rules, self.match = trace, model, rules, match
+        self.slots = slots or []  # the map's slot rules: a call whose inputs they set aside is not replayed
         self.seed, self.device = seed, device
         self.atol, self.rtol, self.oracle = atol, rtol, oracle
         self.root_name = type(model).__name__
@@ -227,7 +234,15 @@ class _Job:
                     continue
                 self.skipped.append(SkippedCall(module_path_b=node.module_path, call_index=node.call_index,
                                                 reason=reason))
-            return [(a, b) for a, b in matching.pairs if a.phase == "forward"]
+            pairs = []
+            for a, b in matching.pairs:
+                if a.phase != "forward":
+                    continue
+                if (id(a), id(b)) in matching.outputs_only or inputs_set_aside(a, b, self.slots):
+                    self._skip(a, b, _OUTPUTS_ONLY)
+                    continue
+                pairs.append((a, b))
+            return pairs
         pairs = []
         for node in forward_a:
             relative = apply_rename(node.relative_path, self.rules)
@@ -236,9 +251,13 @@ class _Job:
                 self.skipped.append(SkippedCall(module_path_b=path_b, call_index=node.call_index,
                                                 module_path_a=node.module_path, reason="B has no such module"))
                 continue
-            pairs.append((node, Node(module_path=path_b, relative_path=relative, call_index=node.call_index,
-                                     module_type=type(self.modules[relative]).__name__, depth=node.depth,
-                                     enter_order=node.enter_order)))
+            node_b = Node(module_path=path_b, relative_path=relative, call_index=node.call_index,
+                          module_type=type(self.modules[relative]).__name__, depth=node.depth,
+                          enter_order=node.enter_order)
+            if inputs_set_aside(node, node_b, self.slots):
+                self._skip(node, node_b, _OUTPUTS_ONLY)
+                continue
+            pairs.append((node, node_b))
         return pairs
 
     def _warn_unmatched_a(self, nodes: tuple[Node, ...]) -> None:

@@ -26,7 +26,7 @@ from ...trace.load import Trace
 from ...trace.model import Node
 from .evidence import Values
 from .slots import pair_tensors
-from .tree import TreePairing
+from .tree import OUTPUTS_ONLY, TreePairing
 from .unrecorded import all_unrecorded, find_unrecorded, inside
 
 MATCH_MODES = ("auto", "name", "structure")
@@ -45,6 +45,8 @@ class Matching:
     methods: tuple[str, ...] = ()  # per pair: "name", "map" or "structure"
     evidence: tuple[str, ...] = ()  # per pair: "map", "value", "name" or "shape" (the ``pairing`` of its rows)
     idle: frozenset[int] = frozenset()  # ``id`` of the calls found to compute nothing
+    # (id of A's call, id of B's call) of the pairs whose inputs are not compared (tree.OUTPUTS_ONLY)
+    outputs_only: frozenset[tuple[int, int]] = frozenset()
     gaps_a: dict[str, tuple[str, ...]] = field(default_factory=dict)  # see unrecorded.find_unrecorded
     gaps_b: dict[str, tuple[str, ...]] = field(default_factory=dict)
     # every call of each trace (``Trace.nodes()``), listed once for all the steps of an alignment
@@ -67,6 +69,7 @@ def match_nodes(a: Trace, b: Trace, rename: RenameRules, match: str = "auto") ->
     methods: list[str] = []
     evidence: list[str] = []
     idle: frozenset[int] = frozenset()
+    outputs_only: frozenset[tuple[int, int]] = frozenset()
     if match == "name":
         by_key = {(node.phase, node.relative_path, node.call_index): node for node in nodes_b}  # Node.key
         for node in nodes_a:
@@ -79,7 +82,9 @@ def match_nodes(a: Trace, b: Trace, rename: RenameRules, match: str = "auto") ->
     else:
         tree = TreePairing(Values(a, b), list(rename), use_names=match != "structure")
         tree.run([r for r in a.roots if r.phase == "forward"], [r for r in b.roots if r.phase == "forward"])
-        pairs, evidence = tree.pairs, tree.evidence
+        pairs = tree.pairs
+        outputs_only = frozenset((id(x), id(y)) for (x, y), how in zip(pairs, tree.evidence) if how == OUTPUTS_ONLY)
+        evidence = ["value" if how == OUTPUTS_ONLY else how for how in tree.evidence]
         methods = [how if how in ("name", "map") else "structure" for how in evidence]
         idle = tree.idle()
         if rename and match != "structure":
@@ -111,7 +116,7 @@ def match_nodes(a: Trace, b: Trace, rename: RenameRules, match: str = "auto") ->
         unmatched_b=() if complete else tuple(n for n in nodes_b if id(n) not in paired_b and not explained_b(n)),
         structural=structural,
         methods=tuple(methods[i] for i in order),
-        evidence=tuple(evidence[i] for i in order), idle=idle,
+        evidence=tuple(evidence[i] for i in order), idle=idle, outputs_only=outputs_only,
         gaps_a=gaps_a, gaps_b=gaps_b, nodes_a=nodes_a, nodes_b=nodes_b,
     )
 

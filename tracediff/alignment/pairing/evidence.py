@@ -177,11 +177,30 @@ def tokens(path: str) -> set[str]:
 
 
 def name_similarity(path_a: str, path_b: str) -> float:
-    """Jaccard similarity of the lower-case word and number tokens of two paths (0 to 1)."""
+    """Jaccard similarity of the lower-case word and number tokens of two paths (0 to 1); 1 when they share
+    no word and one name, its separators left out, abbreviates the other (``attn`` and ``attention``,
+    ``out_proj`` and ``output_projection``)."""
     tokens_a, tokens_b = tokens(path_a), tokens(path_b)
     if not tokens_a or not tokens_b:
         return 0.0
-    return len(tokens_a & tokens_b) / len(tokens_a | tokens_b)
+    shared = tokens_a & tokens_b
+    if not shared:  # ``self`` and ``self_attn`` share a word: that is all they share
+        letters_a, letters_b = _letters(path_a), _letters(path_b)
+        if _abbreviates(letters_a, letters_b) or _abbreviates(letters_b, letters_a):
+            return 1.0
+    return len(shared) / len(tokens_a | tokens_b)
+
+
+def _letters(path: str) -> str:
+    return "".join(ch for ch in path.lower() if ch.isalpha())
+
+
+def _abbreviates(short: str, word: str) -> bool:
+    """``short`` is ``word`` with letters left out (three letters at least, the first kept): ``attn``."""
+    if len(short) < 3 or len(short) >= len(word) or short[0] != word[0]:
+        return False
+    letters = iter(word)
+    return all(letter in letters for letter in short)
 
 
 def type_similarity(type_a: str | None, type_b: str | None) -> float:

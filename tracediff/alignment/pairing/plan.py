@@ -12,6 +12,7 @@ layout or output) and the transform relating it, if any.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -25,7 +26,7 @@ from ..result import Job, Unmatched
 from .calls import Matching, match_nodes
 from .evidence import Values
 from .layout import Transform, compare_transformed, find_fused, find_relayout
-from .producers import find_producers
+from .producers import find_producers, is_output
 from .slots import pair_tensors
 from .unrecorded import all_unrecorded
 
@@ -50,6 +51,9 @@ class Plan:
     layout_nodes: list[tuple[Node, Node]] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     suggested: RenameRules = field(default_factory=list)
+    # slot rules setting aside the inputs of the pairs compared on their outputs only (calls.Matching.outputs_only),
+    # so that a suggested map passed back with --map compares what the pairing compared
+    suggested_slots: list[tuple[str, str, str]] = field(default_factory=list)
 
     @property
     def unrecorded_a(self) -> tuple[str, ...]:
@@ -92,6 +96,13 @@ def plan_pairs(trace_a: Trace, trace_b: Trace, rules: RenameRules, *, match: str
     for (node_a, node_b), method, evidence in zip(matching.pairs, matching.methods, matching.evidence):
         parameters = (trace_a.forward_parameters(node_a), trace_b.forward_parameters(node_b))
         pairs, only_a, only_b = pair_tensors(node_a, node_b, slots, values, parameters)
+        if (id(node_a), id(node_b)) in matching.outputs_only:  # inputs that differ by design: not compared
+            rule = (_any_instance(node_a.relative_path), "inputs", "")
+            if rule not in plan.suggested_slots:
+                plan.suggested_slots.append(rule)
+            only_a += [ra for ra, _ in pairs if not is_output(ra.slot)]
+            only_b += [rb for _, rb in pairs if not is_output(rb.slot)]
+            pairs = [(ra, rb) for ra, rb in pairs if is_output(ra.slot)]
         for ra, rb in pairs:
             if evidence != "name":
                 plan.pairing[(id(ra), id(rb))] = evidence
@@ -134,8 +145,14 @@ def plan_pairs(trace_a: Trace, trace_b: Trace, rules: RenameRules, *, match: str
     plan.unmatched_b = [Unmatched(n.module_path, n.call_index) for n in left_b] + plan.unmatched_b
     plan.warnings = _coverage_warnings(matching, match)
     if any(m == "structure" for m in matching.methods) or plan.layout_nodes:
-        plan.suggested = suggest_rules(matching.pairs)
+        plan.suggested = suggest_rules(matching.pairs, [n.relative_path for n in matching.unmatched_a],
+                                       [n.relative_path for n in matching.nodes_b])
     return plan
+
+
+def _any_instance(path: str) -> str:
+    """A regex matching ``path`` in every instance of a repeated structure (its numbers as ``\\d+``)."""
+    return "^" + "\\.".join("\\d+" if part.isdigit() else re.escape(part) for part in path.split(".")) + "$"
 
 
 def _relayout(trace_a: Trace, ra: TensorRecord, trace_b: Trace, rb: TensorRecord) -> Transform | None:

@@ -35,7 +35,7 @@ def find_producers(jobs: list[Job], unpaired_b: set[int]) -> Iterator[Produced]:
     """For each job pairing an output, the innermost unpaired call of B below it that returned that output."""
     for job in jobs:
         _, _, node_b, record_b = job
-        if not _is_output(record_b.slot) or node_b.op is not None:
+        if not is_output(record_b.slot) or node_b.op is not None:
             continue
         found = _innermost(node_b, record_b, unpaired_b)
         if found is not None:
@@ -49,13 +49,13 @@ def _innermost(parent: Node, value: TensorRecord, unpaired: set[int]) -> tuple[N
         deeper = _innermost(child, value, unpaired)
         if deeper is not None:
             return deeper
-        made = next((r for r in child.tensors if _is_output(r.slot) and _same_value(r, value)), None)
-        if made is not None and not any(_same_value(r, value) for r in child.tensors if not _is_output(r.slot)):
+        made = next((r for r in child.tensors if is_output(r.slot) and _same_value(r, value)), None)
+        if made is not None and not any(_same_value(r, value) for r in child.tensors if not is_output(r.slot)):
             return child, made
     return None
 
 
-def _is_output(slot: str) -> bool:
+def is_output(slot: str) -> bool:
     return slot == OUTPUTS or slot.startswith(OUTPUTS + ".")
 
 

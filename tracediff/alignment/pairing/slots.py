@@ -52,9 +52,15 @@ def _renamed_slot(slot: str, node_a: Node, node_b: Node, rules: SlotRules) -> st
             continue
         if slot == old:
             return new
-        if slot.startswith(old + "."):
-            return new + slot[len(old):]
+        if slot.startswith(old + "."):  # a slot's parts go where it goes; set aside with it
+            return new + slot[len(old):] if new else ""
     return slot
+
+
+def inputs_set_aside(node_a: Node, node_b: Node, rules: SlotRules) -> bool:
+    """Every input of ``node_a`` is set aside by a slot rule (renamed to ``""``): the call pairs on its outputs."""
+    inputs = [t.slot for t in node_a.tensors if t.slot.split(".")[0] == "inputs"]
+    return bool(rules and inputs) and all(not _renamed_slot(slot, node_a, node_b, rules) for slot in inputs)
 
 
 def pair_tensors(node_a: Node, node_b: Node, slots: SlotRules | None = None, values: Values | None = None,

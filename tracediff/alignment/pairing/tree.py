@@ -9,6 +9,10 @@ by the strongest evidence each pair has (:mod:`tracediff.alignment.pairing.evide
 3. **name**: the same local name (``attn`` and ``attn``, ``decoder`` and ``model.decoder``);
 4. **shape**: for two calls that call nothing themselves, inputs and outputs of the same sizes, in order.
 
+Two calls that call nothing and pair on their outputs' values while their inputs hold other values
+compute the same result from other inputs (one side does inside the call what the other does before
+it): only their outputs are compared (``Matching.outputs_only``).
+
 A call that computes nothing (its one output equals its one input: ``Identity``, ``Dropout`` in eval,
 hook points) takes no part. A call left unpaired that has children is a wrapper one side has and the
 other has not (``model`` in ``LlamaForCausalLM``, a ``Sequential`` MLP): its children take its place in
@@ -26,7 +30,15 @@ from dataclasses import dataclass, field
 
 from ...maps.rules import RenameRules, apply_rename
 from ...trace.model import Node
-from .evidence import Values, is_transparent, main_output, name_similarity, numel, type_similarity
+from .evidence import (
+    Values,
+    is_transparent,
+    main_output,
+    name_similarity,
+    numel,
+    same_statistics,
+    type_similarity,
+)
 
 _NUMBERED = re.compile(r"^(.*)\.(\d+)$")
 _MAX_ROUNDS = 8
@@ -34,6 +46,10 @@ _MAX_ROUNDS = 8
 _MIN_SCORE = 0.5
 _VETO = (-1.0, "veto")
 _NAMED = 100.0  # the score of a pair the names or the map make
+# the evidence of two calls that call nothing, paired on equal outputs although their inputs hold other
+# values (transformers' BLOOM ``self_attention.dense`` and transformer-lens's ``attn``: the same projection,
+# the attention before it inside the call on one side only): their inputs are not compared
+OUTPUTS_ONLY = "value, outputs only"
 
 
 @dataclass(frozen=True)
@@ -104,11 +120,31 @@ class TreePairing:
         return not self._transparent[key]
 
     def children(self, node: Node, side: str) -> list[Node]:
-        """The children of ``node`` that compute, in call order (forward calls only)."""
+        """The children of ``node`` that compute, in call order (forward calls only), less the calls that
+        repeat an earlier call of their sibling module on the same values (transformer-lens's ``ln1``, called
+        once for each of q, k and v): they compute nothing new, and count as calls that compute nothing."""
         key = id(node)
         if key not in self._children:
-            self._children[key] = [c for c in node.children if c.phase == "forward" and self._computes(c, side)]
+            kids = [c for c in node.children if c.phase == "forward" and self._computes(c, side)]
+            first: dict[str, Node] = {}
+            out = []
+            for child in kids:
+                earlier = first.setdefault(child.relative_path, child)
+                if earlier is not child and self._repeats(child, earlier, side):
+                    self._transparent[id(child)] = True
+                else:
+                    out.append(child)
+            self._children[key] = out
         return self._children[key]
+
+    def _repeats(self, node: Node, earlier: Node, side: str) -> bool:
+        if len(node.tensors) != len(earlier.tensors) or not node.tensors:
+            return False
+        for x, y in zip(node.tensors, earlier.tensors):
+            sx, sy = self.values.stats(x, side), self.values.stats(y, side)
+            if x.slot != y.slot or x.shape != y.shape or not (sx and sy and same_statistics(sx, sy)):
+                return False
+        return True
 
     def _items(self, nodes: list[Node], parent: Node) -> list[Item]:
         """``nodes`` with numbered siblings of ``parent`` gathered into one ``Repeated`` item, at the first's place."""
@@ -173,6 +209,7 @@ class TreePairing:
             if score < total or (score == total and not spare):
                 break
             lines_a, lines_b, matched, total = new_a, new_b, found, score
+        matched = self._fill_gaps(lines_a, lines_b, matched)
         for j, k, how in matched:
             inner: list[tuple[Node, Node]] = []
             for line_a, line_b in zip(lines_a, lines_b):
@@ -185,6 +222,32 @@ class TreePairing:
                 self._add(x, y, how)
             if inner:
                 self._pair_scope(inner)
+
+    def _fill_gaps(self, lines_a: list[list[Item]], lines_b: list[list[Item]], matched: list[tuple[int, int, str]]
+                   ) -> list[tuple[int, int, str]]:
+        """Between two paired neighbours, a call of each side pairs when they are the only two there that take
+        the same inputs, with the sizes of one computation, and whose results come out of no other call,
+        although their results differ: a bug there hides their values."""
+        out = list(matched)
+        for (j0, k0, _), (j1, k1, _) in zip(matched, matched[1:]):
+            found = [(j, k) for j in range(j0 + 1, j1) for k in range(k0 + 1, k1)
+                     if self._same_inputs([(line_a[j], line_b[k]) for line_a, line_b in zip(lines_a, lines_b)])]
+            if len(found) == 1:
+                out.append((*found[0], "shape"))
+        return sorted(out)
+
+    def _same_inputs(self, instances: list[tuple[Item, Item]]) -> bool:
+        """Same sizes in every instance, the same input values in some instance, and no result found elsewhere."""
+        agree = False
+        for x, y in instances:
+            if not (isinstance(x, Node) and isinstance(y, Node)) or not self._same_sizes(x, y) \
+                    or main_output(x) is None:
+                return False
+            if self.values.best(x.inputs(), y.inputs()) >= 0.75:
+                if self._elsewhere(x, "a") or self._elsewhere(y, "b"):
+                    return False
+                agree = True
+        return agree
 
     def _elsewhere(self, node: Node, side: str) -> bool:
         """Does the main output of ``node`` go into, or come out of, some call of the other side's scope?"""
@@ -363,11 +426,17 @@ class TreePairing:
         names = name_similarity(local_x, local_y) if self.use_names else 0.0
         kinds = type_similarity(x.module_type, y.module_type)
         if leaf_x and leaf_y:
+            if same_out and not same_in and out_sim >= 0.75 and in_x and in_y:
+                # the same result from inputs of other sizes: transformers' BLOOM ``mlp.dense_4h_to_h`` (the
+                # activation in) and transformer-lens's ``mlp`` (the hidden state in)
+                return 1.0 + 3.0 * out_sim + 0.5 * kinds + 0.5 * names, OUTPUTS_ONLY
             # two calls that call nothing: the same sizes, and something more than sizes (values in or out,
             # a name or a kind of module in common)
             if not (same_out and same_in) or not (out_sim >= 0.4 or in_sim >= 0.75 or kinds or names):
                 return None
             how = "value" if out_sim >= 0.75 else "name" if same_name else "shape"
+            if how == "value" and in_x and in_y and in_sim < 0.4:
+                how = OUTPUTS_ONLY  # one result from other inputs: what feeds each differs, by design
             return 1.0 + 3.0 * out_sim + in_sim + 0.5 * kinds + 0.5 * names, how
         if same_out and same_in and out_sim >= 0.4:
             return 2.0 + 3.0 * out_sim + in_sim + kinds + names, "value"

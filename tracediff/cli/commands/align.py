@@ -62,12 +62,13 @@ def _report(result: Any, args: argparse.Namespace) -> int:
 
         suggestion = suggested_map(result)
         write_json(Path(args.suggest_map), suggestion, user_target=True)
-        if not result.suggested_rename:
+        if not result.suggested_rename and not result.suggested_slots:
             print(f"tracediff align: module paths lined up by name; {args.suggest_map} has no rules",
                   file=sys.stderr)
         elif args.format == "table":  # other formats keep stdout for the report alone
+            slots = f", {len(result.suggested_slots)} slot rules" if result.suggested_slots else ""
             layout = f" and {len(suggestion['layout'])} layout pairings" if "layout" in suggestion else ""
-            print(f"wrote {len(result.suggested_rename)} rename rules{layout} to {args.suggest_map}")
+            print(f"wrote {len(result.suggested_rename)} rename rules{slots}{layout} to {args.suggest_map}")
     emit(_render(result, args), args.output)
     return 0 if result.passed else 1
 
