@@ -112,6 +112,28 @@ def inside(module: str | None, expected: str) -> bool:
     return module is not None and (module == expected or module.startswith(expected + "."))
 
 
+def spread_scales(model: nn.Module, *, biases: bool = False) -> nn.Module:
+    """torchtune's RMSNorm scales (and, with ``biases``, every bias) start at one and zero: make them count."""
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("scale"):
+                param.uniform_(0.5, 1.5)
+            elif biases and name.endswith("bias"):
+                param.uniform_(-0.5, 0.5)
+    return model
+
+
+def spread_layernorms(model: nn.Module) -> nn.Module:
+    """transformers' LayerNorms start at one and zero, its biases at zero: make them count."""
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "layernorm" in name and name.endswith("weight"):
+                param.uniform_(0.5, 1.5)
+            elif name.endswith("bias"):
+                param.uniform_(-0.5, 0.5)
+    return model
+
+
 def swap(state: StateDict, first: str, second: str) -> None:
     state[first], state[second] = state[second].clone(), state[first].clone()
 

@@ -12,6 +12,7 @@ from tests.ports.harness import (
     Bug,
     Port,
     StateDict,
+    spread_scales,
     swap,
     verdict_tests,
 )
@@ -31,11 +32,7 @@ def reference() -> nn.Module:
 
     model = llama3(vocab_size=VOCAB, num_layers=LAYERS, num_heads=HEADS, num_kv_heads=KV_HEADS, embed_dim=DIM,
                    max_seq_len=16, intermediate_dim=FFN, norm_eps=1e-5, rope_base=500000)
-    with torch.no_grad():   # torchtune's RMSNorm scales start at one: make them count
-        for name, param in model.named_parameters():
-            if name.endswith("scale"):
-                param.uniform_(0.5, 1.5)
-    return model
+    return spread_scales(model)
 
 
 def convert(model: nn.Module) -> StateDict:

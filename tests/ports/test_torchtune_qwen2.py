@@ -12,6 +12,7 @@ from tests.ports.harness import (
     Bug,
     Port,
     StateDict,
+    spread_scales,
     swap,
     verdict_tests,
 )
@@ -30,13 +31,7 @@ def reference() -> nn.Module:
 
     model = qwen2(vocab_size=VOCAB, num_layers=LAYERS, num_heads=HEADS, num_kv_heads=KV_HEADS, embed_dim=DIM,
                   intermediate_dim=FFN, max_seq_len=16, norm_eps=1e-6, tie_word_embeddings=True)
-    with torch.no_grad():   # torchtune's RMSNorm scales start at one and its biases at zero: make them count
-        for name, param in model.named_parameters():
-            if name.endswith("scale"):
-                param.uniform_(0.5, 1.5)
-            elif name.endswith("bias"):
-                param.uniform_(-0.5, 0.5)
-    return model
+    return spread_scales(model, biases=True)
 
 
 def convert(model: nn.Module) -> StateDict:

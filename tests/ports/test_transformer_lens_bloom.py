@@ -21,6 +21,7 @@ from tests.ports.harness import (
     hooked_transformer,
     hooked_transformer_config,
     hooked_w_o_transposed,
+    spread_layernorms,
     swap,
     verdict_tests,
 )
@@ -45,13 +46,7 @@ def reference() -> nn.Module:
     from transformers import BloomForCausalLM
 
     model = BloomForCausalLM(bloom_config())
-    with torch.no_grad():   # LayerNorms start at one and zero, biases at zero: make them count
-        for name, param in model.named_parameters():
-            if "layernorm" in name and name.endswith("weight"):
-                param.uniform_(0.5, 1.5)
-            elif name.endswith("bias"):
-                param.uniform_(-0.5, 0.5)
-    return model
+    return spread_layernorms(model)
 
 
 def tl_config() -> object:

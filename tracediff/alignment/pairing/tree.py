@@ -50,6 +50,7 @@ _NAMED = 100.0  # the score of a pair the names or the map make
 # values (transformers' BLOOM ``self_attention.dense`` and transformer-lens's ``attn``: the same projection,
 # the attention before it inside the call on one side only): their inputs are not compared
 OUTPUTS_ONLY = "value, outputs only"
+_GAP = 4  # the most calls on a side between two pairs for ``_fill_gaps`` to look at
 
 
 @dataclass(frozen=True)
@@ -230,6 +231,8 @@ class TreePairing:
         although their results differ: a bug there hides their values."""
         out = list(matched)
         for (j0, k0, _), (j1, k1, _) in zip(matched, matched[1:]):
+            if max(j1 - j0, k1 - k0) > _GAP + 1:  # a long stretch with nothing paired: no call is "the one left"
+                continue
             found = [(j, k) for j in range(j0 + 1, j1) for k in range(k0 + 1, k1)
                      if self._same_inputs([(line_a[j], line_b[k]) for line_a, line_b in zip(lines_a, lines_b)])]
             if len(found) == 1:
