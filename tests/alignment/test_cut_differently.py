@@ -175,3 +175,68 @@ def test_the_suggested_map_compares_what_the_pairing_compared(tmp_path: Path) ->
 ])
 def test_a_name_and_its_abbreviation_are_one_name(one: str, other: str, similarity: float) -> None:
     assert name_similarity(one, other) == similarity == name_similarity(other, one)
+
+
+
+class Twice(nn.Module):
+    """Calls its norm twice: on the same values in layer 0, on twice the values in layer 1 (the same result:
+    a LayerNorm does not see the scale)."""
+
+    def __init__(self, same: bool) -> None:
+        super().__init__()
+        self.same = same
+        self.norm = nn.LayerNorm(DIM)
+        self.lin = nn.Linear(DIM, DIM)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(self.norm(x) + self.norm(x if self.same else 2 * x))
+
+
+class Once(nn.Module):
+    """The same block, its norm called once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(DIM)
+        self.lin = nn.Linear(DIM, DIM)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.norm(x)
+        return self.lin(y + y)
+
+
+class Wrapped(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Sequential(Twice(same=i == 0)) for i in range(2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+class Flat(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(Once() for _ in range(2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+def test_instances_whose_calls_differ_once_opened_still_align(tmp_path: Path) -> None:
+    """Opened, layer 0's wrapper holds two calls that compute (its second norm call adds nothing) and layer 1's
+    three: the instances no longer line up as one, and that opening is not taken."""
+    torch.manual_seed(0)
+    reference, port = Wrapped().eval(), Flat().eval()
+    for wrapped, flat in zip(reference.layers, port.blocks):
+        flat.load_state_dict(wrapped[0].state_dict())
+    x = torch.randn(1, 6, DIM, generator=torch.Generator().manual_seed(2))
+    for model, folder in ((reference, tmp_path / "a"), (port, tmp_path / "b")):
+        with torch.no_grad(), tracediff.capture(model, folder):
+            model(x)
+    result = tracediff.align(tmp_path / "a", tmp_path / "b")
+    assert result.passed, result.first_divergence

@@ -131,14 +131,14 @@ class TreePairing:
             out = []
             for child in kids:
                 earlier = first.setdefault(child.relative_path, child)
-                if earlier is not child and self._repeats(child, earlier, side):
+                if earlier is not child and self._called_again(child, earlier, side):
                     self._transparent[id(child)] = True
                 else:
                     out.append(child)
             self._children[key] = out
         return self._children[key]
 
-    def _repeats(self, node: Node, earlier: Node, side: str) -> bool:
+    def _called_again(self, node: Node, earlier: Node, side: str) -> bool:
         if len(node.tensors) != len(earlier.tensors) or not node.tensors:
             return False
         for x, y in zip(node.tensors, earlier.tensors):
@@ -199,6 +199,8 @@ class TreePairing:
                     continue
                 new_a = [self._dissolve(line, take_a, "a") for line in lines_a]
                 new_b = [self._dissolve(line, take_b, "b") for line in lines_b]
+                if len({len(line) for line in new_a}) > 1 or len({len(line) for line in new_b}) > 1:
+                    continue  # the instances open into different calls: they no longer line up as one
                 found, score = self._line_up(new_a, new_b)
                 # opening wrappers gains nothing yet when the other side wraps its calls one level deeper too
                 spare = (not take_a or len(paired_b) < len(lines_b[0])) and \
@@ -210,7 +212,6 @@ class TreePairing:
             if score < total or (score == total and not spare):
                 break
             lines_a, lines_b, matched, total = new_a, new_b, found, score
-        matched = self._fill_gaps(lines_a, lines_b, matched)
         for j, k, how in matched:
             inner: list[tuple[Node, Node]] = []
             for line_a, line_b in zip(lines_a, lines_b):
@@ -223,21 +224,41 @@ class TreePairing:
                 self._add(x, y, how)
             if inner:
                 self._pair_scope(inner)
+        for filled in self._fill_gaps(lines_a, lines_b, matched):
+            for x, y in filled:
+                self._add(x, y, "shape")
+            self._pair_scope(filled)
 
     def _fill_gaps(self, lines_a: list[list[Item]], lines_b: list[list[Item]], matched: list[tuple[int, int, str]]
-                   ) -> list[tuple[int, int, str]]:
+                   ) -> list[list[tuple[Node, Node]]]:
         """Between two paired neighbours, a call of each side pairs when they are the only two there that take
         the same inputs, with the sizes of one computation, and whose results come out of no other call,
-        although their results differ: a bug there hides their values."""
-        out = list(matched)
+        although their results differ: a bug there hides their values. A stretch that is all of an opened
+        wrapper's calls offers that wrapper (transformer-lens's ``attn``, opened into its projections)."""
+        out = []
         for (j0, k0, _), (j1, k1, _) in zip(matched, matched[1:]):
             if max(j1 - j0, k1 - k0) > _GAP + 1:  # a long stretch with nothing paired: no call is "the one left"
                 continue
-            found = [(j, k) for j in range(j0 + 1, j1) for k in range(k0 + 1, k1)
-                     if self._same_inputs([(line_a[j], line_b[k]) for line_a, line_b in zip(lines_a, lines_b)])]
+            options_a = self._stretch(lines_a, range(j0 + 1, j1), "a")
+            options_b = self._stretch(lines_b, range(k0 + 1, k1), "b")
+            found = [list(zip(xs, ys)) for xs in options_a for ys in options_b
+                     if self._same_inputs(list(zip(xs, ys)))]
             if len(found) == 1:
-                out.append((*found[0], "shape"))
-        return sorted(out)
+                out.append(found[0])
+        return out
+
+    def _stretch(self, lines: list[list[Item]], positions: range, side: str) -> list[list[Node]]:
+        """The calls of a stretch of every instance's line that could be the one left: each call (one per
+        instance), and the wrapper whose computing calls the whole stretch is, when there is one."""
+        calls = [[item for item in (line[i] for i in positions) if isinstance(item, Node)] for line in lines]
+        if any(len(stretch) != len(positions) for stretch in calls):
+            return []  # a repeated structure in the stretch: nothing here is one call
+        options = [[stretch[i] for stretch in calls] for i in range(len(positions))]
+        parents = [stretch[0].parent if stretch else None for stretch in calls]
+        if all(parent is not None and stretch == self.children(parent, side)
+               for parent, stretch in zip(parents, calls)):
+            options.append([parent for parent in parents if parent is not None])
+        return options
 
     def _same_inputs(self, instances: list[tuple[Item, Item]]) -> bool:
         """Same sizes in every instance, the same input values in some instance, and no result found elsewhere."""
@@ -456,9 +477,19 @@ def _sizes(node: Node) -> tuple[int | None, int | None]:
 
 
 def _repeats(members: list[Node]) -> bool:
-    """Numbered siblings that are instances of one structure: one class, or one size in and out (a block
-    rewritten in one layer is still an instance; a ``Sequential`` of different layers is not)."""
-    return len(members) >= 2 and (len({m.module_type for m in members}) == 1 or len({_sizes(m) for m in members}) == 1)
+    """Numbered siblings that are instances of one structure: one class, or one size in and out and the same
+    submodules (a block rewritten in one layer is still an instance; a ``Sequential`` of different layers is
+    not, nor T5's ``layer.0`` attention and ``layer.1`` feed-forward, of one size)."""
+    if len(members) < 2:
+        return False
+    if len({m.module_type for m in members}) == 1:
+        return True
+    return len({_sizes(m) for m in members}) == 1 and len({_submodules(m) for m in members}) == 1
+
+
+def _submodules(node: Node) -> tuple[str, ...]:
+    """The local names of a call's forward children, in call order."""
+    return tuple(_local(c) for c in node.children if c.phase == "forward")
 
 
 def _key(item: Item, rules: RenameRules | None) -> tuple[str, int]:
