@@ -134,6 +134,41 @@ def spread_layernorms(model: nn.Module) -> nn.Module:
     return model
 
 
+# torchtune's decoder names (A) as transformers' Llama-family names (B): the hand map of every torchtune port
+TORCHTUNE_RENAMES = [
+    ["^tok_embeddings$", "model.embed_tokens"],
+    ["^norm$", "model.norm"],
+    ["^output$", "lm_head"],
+    ["^layers(?=\\.|$)", "model.layers"],
+    ["^(model\\.layers\\.\\d+\\.)attn(?=\\.|$)", "\\1self_attn"],
+    ["\\.output_proj$", ".o_proj"],
+    ["\\.sa_norm$", ".input_layernorm"],
+    ["\\.mlp_norm$", ".post_attention_layernorm"],
+    ["\\.mlp\\.w1$", ".mlp.gate_proj"],
+    ["\\.mlp\\.w3$", ".mlp.up_proj"],
+    ["\\.mlp\\.w2$", ".mlp.down_proj"],
+    ["\\.mlp\\.activation$", ".mlp.act_fn"],
+]
+
+
+def rms_eps(eps: float) -> Callable[[nn.Module], None]:
+    """An edit setting the eps of every layer norm of a transformers decoder (``model.layers``) to ``eps``."""
+    def edit(model: nn.Module) -> None:
+        for layer in model.model.layers:
+            for norm in (layer.input_layernorm, layer.post_attention_layernorm):
+                norm.variance_epsilon = eps
+
+    return edit
+
+
+def o_proj_transposed(layer: int) -> Bug:
+    """Layer ``layer``'s square ``o_proj`` weight transposed, in a transformers decoder's state dict."""
+    key = f"model.layers.{layer}.self_attn.o_proj.weight"
+    return Bug("o-proj-transposed", f"layer {layer}'s o_proj weight (square) transposed",
+               f"model.layers.{layer}.self_attn.o_proj",
+               edit_state=lambda s: s.__setitem__(key, s[key].t().contiguous()))
+
+
 def swap(state: StateDict, first: str, second: str) -> None:
     state[first], state[second] = state[second].clone(), state[first].clone()
 
@@ -366,6 +401,22 @@ def hooked_norm_eps(eps: float) -> Callable[[nn.Module], None]:
                 module.eps = eps
 
     return edit
+
+
+def hooked_common_bugs(expect_eps: float) -> tuple[Bug, ...]:
+    """The mistakes every transformer-lens port of a LayerNorm model is tried with: W_Q and W_K swapped in
+    layer 0, layer 1's MLP input bias left at zero, every LayerNorm's eps 1e-2 instead of the config's
+    ``expect_eps``, and layer 1's square output projection transposed into W_O."""
+    return (
+        Bug("qk-swapped", "layer 0's W_Q and W_K swapped", "blocks.0.attn",
+            edit_state=lambda s: swap(s, "blocks.0.attn.W_Q", "blocks.0.attn.W_K")),
+        Bug("mlp-bias-dropped", "layer 1's dense_h_to_4h bias not copied (zero)", "blocks.1.mlp",
+            edit_state=lambda s: s.__setitem__("blocks.1.mlp.b_in", torch.zeros_like(s["blocks.1.mlp.b_in"]))),
+        Bug("ln-eps", f"LayerNorm eps 1e-2 instead of the config's {expect_eps:g} (every layer norm)",
+            "blocks.0.ln1", edit_port=hooked_norm_eps(1e-2)),
+        Bug("o-transposed", "layer 1's dense (square) transposed into W_O", "blocks.1.attn",
+            edit_state=hooked_w_o_transposed(1)),
+    )
 
 
 def hooked_w_o_transposed(layer: int) -> Callable[[StateDict], None]:

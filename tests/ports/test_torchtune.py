@@ -9,9 +9,12 @@ import pytest
 
 from tests.ports.harness import (
     INSTALL,
+    TORCHTUNE_RENAMES,
     Bug,
     Port,
     StateDict,
+    o_proj_transposed,
+    rms_eps,
     spread_scales,
     swap,
     verdict_tests,
@@ -69,12 +72,6 @@ def set_act(model: nn.Module) -> None:
         layer.mlp.act_fn = ACT2FN["gelu"]
 
 
-def set_eps(model: nn.Module) -> None:
-    for layer in model.model.layers:
-        for norm in (layer.input_layernorm, layer.post_attention_layernorm):
-            norm.variance_epsilon = 1e-2
-
-
 BUGS = (
     Bug("rope-permutation-skipped", "layer 1's q_proj and k_proj copied without tune_to_hf's rotary permutation",
         "model.layers.1.self_attn",
@@ -86,27 +83,12 @@ BUGS = (
     Bug("gelu-for-silu", "hidden_act gelu instead of silu (every layer)", "model.layers.0.mlp.act_fn",
         edit_port=set_act),
     Bug("rms-eps", "rms_norm_eps 1e-2 instead of 1e-5 (every norm)", "model.layers.0.input_layernorm",
-        edit_port=set_eps),
-    Bug("o-proj-transposed", "layer 1's o_proj weight (square) transposed", "model.layers.1.self_attn.o_proj",
-        edit_state=lambda s: s.__setitem__("model.layers.1.self_attn.o_proj.weight",
-                                           s["model.layers.1.self_attn.o_proj.weight"].t().contiguous())),
+        edit_port=rms_eps(1e-2)),
+    o_proj_transposed(1),
 )
 
 HAND_MAP = {
-    "rename": [
-        ["^tok_embeddings$", "model.embed_tokens"],
-        ["^norm$", "model.norm"],
-        ["^output$", "lm_head"],
-        ["^layers(?=\\.|$)", "model.layers"],
-        ["^(model\\.layers\\.\\d+\\.)attn(?=\\.|$)", "\\1self_attn"],
-        ["\\.output_proj$", ".o_proj"],
-        ["\\.sa_norm$", ".input_layernorm"],
-        ["\\.mlp_norm$", ".post_attention_layernorm"],
-        ["\\.mlp\\.w1$", ".mlp.gate_proj"],
-        ["\\.mlp\\.w3$", ".mlp.up_proj"],
-        ["\\.mlp\\.w2$", ".mlp.down_proj"],
-        ["\\.mlp\\.activation$", ".mlp.act_fn"],
-    ],
+    "rename": TORCHTUNE_RENAMES,
     # tune_to_hf permutes the rows of q_proj and k_proj: their outputs are the same numbers in another order.
     "slots": [["self_attn\\.[qk]_proj$", "outputs", None]],
 }

@@ -12,6 +12,8 @@ from tests.ports.harness import (
     Bug,
     Port,
     StateDict,
+    o_proj_transposed,
+    rms_eps,
     spread_scales,
     verdict_tests,
 )
@@ -80,12 +82,6 @@ def gate_up_swapped(state: StateDict) -> None:
     state[key] = torch.cat([up, gate])
 
 
-def set_eps(model: nn.Module) -> None:
-    for layer in model.model.layers:
-        for norm in (layer.input_layernorm, layer.post_attention_layernorm):
-            norm.variance_epsilon = 1e-2
-
-
 BUGS = (
     Bug("kv-swapped", "layer 0's qkv_proj fused as q, v, k", "model.layers.0.self_attn", edit_state=kv_swapped),
     Bug("rope-permuted", "layer 1's q and k rows permuted for an interleaved rotary Phi-3 does not use",
@@ -93,10 +89,8 @@ BUGS = (
     Bug("gate-up-swapped", "layer 0's gate_up_proj fused as up, gate", "model.layers.0.mlp",
         edit_state=gate_up_swapped),
     Bug("rms-eps", "rms_norm_eps 1e-2 instead of 1e-5 (every layer norm)", "model.layers.0.input_layernorm",
-        edit_port=set_eps),
-    Bug("o-proj-transposed", "layer 1's o_proj weight (square) transposed", "model.layers.1.self_attn.o_proj",
-        edit_state=lambda s: s.__setitem__("model.layers.1.self_attn.o_proj.weight",
-                                           s["model.layers.1.self_attn.o_proj.weight"].t().contiguous())),
+        edit_port=rms_eps(1e-2)),
+    o_proj_transposed(1),
 )
 
 # Renames only: the fused projections are paired by their layouts (docs/matching.md), with or without a map.

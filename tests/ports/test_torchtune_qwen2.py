@@ -9,9 +9,12 @@ import pytest
 
 from tests.ports.harness import (
     INSTALL,
+    TORCHTUNE_RENAMES,
     Bug,
     Port,
     StateDict,
+    o_proj_transposed,
+    rms_eps,
     spread_scales,
     swap,
     verdict_tests,
@@ -66,12 +69,6 @@ def kv_swapped(state: StateDict, attention: str) -> None:
         swap(state, f"{attention}.k_proj.{kind}", f"{attention}.v_proj.{kind}")
 
 
-def set_eps(model: nn.Module) -> None:
-    for layer in model.model.layers:
-        for norm in (layer.input_layernorm, layer.post_attention_layernorm):
-            norm.variance_epsilon = 1e-2
-
-
 BUGS = (
     Bug("q-bias-dropped", "layer 0's q_proj bias not copied (left at zero)", "model.layers.0.self_attn.q_proj",
         edit_state=lambda s: s.__setitem__("model.layers.0.self_attn.q_proj.bias",
@@ -81,27 +78,12 @@ BUGS = (
     Bug("output-untied", "lm_head not tied to the token embedding (left as initialized)", "lm_head",
         edit_port=untied),
     Bug("rms-eps", "rms_norm_eps 1e-2 instead of 1e-6 (every layer norm)", "model.layers.0.input_layernorm",
-        edit_port=set_eps),
-    Bug("o-proj-transposed", "layer 1's o_proj weight (square) transposed", "model.layers.1.self_attn.o_proj",
-        edit_state=lambda s: s.__setitem__("model.layers.1.self_attn.o_proj.weight",
-                                           s["model.layers.1.self_attn.o_proj.weight"].t().contiguous())),
+        edit_port=rms_eps(1e-2)),
+    o_proj_transposed(1),
 )
 
 HAND_MAP = {
-    "rename": [
-        ["^tok_embeddings$", "model.embed_tokens"],
-        ["^norm$", "model.norm"],
-        ["^output$", "lm_head"],
-        ["^layers(?=\\.|$)", "model.layers"],
-        ["^(model\\.layers\\.\\d+\\.)attn(?=\\.|$)", "\\1self_attn"],
-        ["\\.output_proj$", ".o_proj"],
-        ["\\.sa_norm$", ".input_layernorm"],
-        ["\\.mlp_norm$", ".post_attention_layernorm"],
-        ["\\.mlp\\.w1$", ".mlp.gate_proj"],
-        ["\\.mlp\\.w3$", ".mlp.up_proj"],
-        ["\\.mlp\\.w2$", ".mlp.down_proj"],
-        ["\\.mlp\\.activation$", ".mlp.act_fn"],
-    ],
+    "rename": TORCHTUNE_RENAMES,
 }
 
 PORT = Port(

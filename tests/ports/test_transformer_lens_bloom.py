@@ -17,12 +17,10 @@ from tests.ports.harness import (
     Bug,
     Port,
     StateDict,
-    hooked_norm_eps,
+    hooked_common_bugs,
     hooked_transformer,
     hooked_transformer_config,
-    hooked_w_o_transposed,
     spread_layernorms,
-    swap,
     verdict_tests,
 )
 
@@ -69,17 +67,12 @@ def embed_ln_skipped(state: StateDict) -> None:
     state["embed.ln.b"] = torch.zeros_like(state["embed.ln.b"])
 
 
+COMMON = hooked_common_bugs(1e-5)
 BUGS = (
-    Bug("qk-swapped", "layer 0's W_Q and W_K swapped", "blocks.0.attn",
-        edit_state=lambda s: swap(s, "blocks.0.attn.W_Q", "blocks.0.attn.W_K")),
+    COMMON[0],
     Bug("embed-ln-skipped", "word_embeddings_layernorm not copied (one and zero)", "embed.ln",
         edit_state=embed_ln_skipped),
-    Bug("mlp-bias-dropped", "layer 1's dense_h_to_4h bias not copied (zero)", "blocks.1.mlp",
-        edit_state=lambda s: s.__setitem__("blocks.1.mlp.b_in", torch.zeros_like(s["blocks.1.mlp.b_in"]))),
-    Bug("ln-eps", "LayerNorm eps 1e-2 instead of the config's 1e-5 (every layer norm)", "blocks.0.ln1",
-        edit_port=hooked_norm_eps(1e-2)),
-    Bug("o-transposed", "layer 1's dense (square) transposed into W_O", "blocks.1.attn",
-        edit_state=hooked_w_o_transposed(1)),
+    *COMMON[1:],
 )
 
 # transformer-lens's embed returns the embeddings after its LayerNorm (embed.ln): transformers' word_embeddings
