@@ -55,13 +55,19 @@ def suggest_rules(pairs: Iterable[tuple[Node, Node]], unpaired_a: Iterable[str] 
     return rules
 
 
+def any_layer(parts: list[str], *, capture: bool = False) -> str:
+    """A regex for path components ``parts`` with every layer number as ``\\d+`` (as a group: ``capture``)."""
+    number = r"(\d+)" if capture else r"\d+"
+    return r"\.".join(number if part.isdigit() else re.escape(part) for part in parts)
+
+
 UNPAIRED = " (unpaired)"  # what a suggested map appends to the name of a call it keeps from a B call's name
 
 
 def _own_name(path_a: str) -> tuple[str, str]:
     """A rule renaming ``path_a``, in every instance (its layer numbers as groups), to itself + ``UNPAIRED``."""
     parts = path_a.split(".")
-    pattern = "^" + "\\.".join("(\\d+)" if part.isdigit() else re.escape(part) for part in parts) + "$"
+    pattern = "^" + any_layer(parts, capture=True) + "$"
     groups = iter(range(1, len(parts) + 1))
     replacement = ".".join(f"\\{next(groups)}" if part.isdigit() else part.replace("\\", "\\\\")
                            for part in parts)
@@ -85,7 +91,7 @@ def _rule(path_a: str, path_b: str) -> tuple[str, str]:
     elif not middle_a and prefix:
         middle_a, middle_b, prefix = [parts_a[prefix - 1]], [parts_a[prefix - 1]] + middle_b, prefix - 1
     head = parts_a[:prefix]
-    generic_head = r"\.".join(r"\d+" if p.isdigit() else re.escape(p) for p in head)
+    generic_head = any_layer(head)
     old = re.escape(".".join(middle_a))
     if not middle_b:  # a level removed: the dot next to it goes too
         if head:

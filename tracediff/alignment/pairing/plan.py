@@ -12,21 +12,20 @@ layout or output) and the transform relating it, if any.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from ...compare.measurement import Measurement
 from ...compare.shapes import squeezed
 from ...maps.rules import RenameRules, SlotRules
-from ...maps.suggest import suggest_rules
+from ...maps.suggest import any_layer, suggest_rules
 from ...trace.load import Trace
 from ...trace.model import Node, TensorRecord
 from ..result import Job, Unmatched
 from .calls import Matching, match_nodes
 from .evidence import Values
 from .layout import Transform, compare_transformed, find_fused, find_relayout
-from .producers import find_producers, is_output
+from .producers import find_producers
 from .slots import pair_tensors
 from .unrecorded import all_unrecorded
 
@@ -97,12 +96,13 @@ def plan_pairs(trace_a: Trace, trace_b: Trace, rules: RenameRules, *, match: str
         parameters = (trace_a.forward_parameters(node_a), trace_b.forward_parameters(node_b))
         pairs, only_a, only_b = pair_tensors(node_a, node_b, slots, values, parameters)
         if (id(node_a), id(node_b)) in matching.outputs_only:  # inputs that differ by design: not compared
-            rule = (_any_instance(node_a.relative_path), "inputs", "")
+            rule = ("^" + any_layer(node_a.relative_path.split(".")) + "$", "inputs", "")
             if rule not in plan.suggested_slots:
                 plan.suggested_slots.append(rule)
-            only_a += [ra for ra, _ in pairs if not is_output(ra.slot)]
-            only_b += [rb for _, rb in pairs if not is_output(rb.slot)]
-            pairs = [(ra, rb) for ra, rb in pairs if is_output(ra.slot)]
+            outputs = {id(record) for record in node_a.outputs()}
+            only_a += [ra for ra, _ in pairs if id(ra) not in outputs]
+            only_b += [rb for ra, rb in pairs if id(ra) not in outputs]
+            pairs = [(ra, rb) for ra, rb in pairs if id(ra) in outputs]
         for ra, rb in pairs:
             if evidence != "name":
                 plan.pairing[(id(ra), id(rb))] = evidence
@@ -148,11 +148,6 @@ def plan_pairs(trace_a: Trace, trace_b: Trace, rules: RenameRules, *, match: str
         plan.suggested = suggest_rules(matching.pairs, [n.relative_path for n in matching.unmatched_a],
                                        [n.relative_path for n in matching.nodes_b])
     return plan
-
-
-def _any_instance(path: str) -> str:
-    """A regex matching ``path`` in every instance of a repeated structure (its numbers as ``\\d+``)."""
-    return "^" + "\\.".join("\\d+" if part.isdigit() else re.escape(part) for part in path.split(".")) + "$"
 
 
 def _relayout(trace_a: Trace, ra: TensorRecord, trace_b: Trace, rb: TensorRecord) -> Transform | None:

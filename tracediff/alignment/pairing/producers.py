@@ -19,8 +19,6 @@ from dataclasses import dataclass
 from ...trace.model import Node, TensorRecord
 from ..result import Job
 
-OUTPUTS = "outputs"
-
 
 @dataclass(frozen=True)
 class Produced:
@@ -35,7 +33,7 @@ def find_producers(jobs: list[Job], unpaired_b: set[int]) -> Iterator[Produced]:
     """For each job pairing an output, the innermost unpaired call of B below it that returned that output."""
     for job in jobs:
         _, _, node_b, record_b = job
-        if not is_output(record_b.slot) or node_b.op is not None:
+        if node_b.op is not None or not any(record is record_b for record in node_b.outputs()):
             continue
         found = _innermost(node_b, record_b, unpaired_b)
         if found is not None:
@@ -49,14 +47,10 @@ def _innermost(parent: Node, value: TensorRecord, unpaired: set[int]) -> tuple[N
         deeper = _innermost(child, value, unpaired)
         if deeper is not None:
             return deeper
-        made = next((r for r in child.tensors if is_output(r.slot) and _same_value(r, value)), None)
-        if made is not None and not any(_same_value(r, value) for r in child.tensors if not is_output(r.slot)):
+        made = next((r for r in child.outputs() if _same_value(r, value)), None)
+        if made is not None and not any(_same_value(r, value) for r in child.inputs()):
             return child, made
     return None
-
-
-def is_output(slot: str) -> bool:
-    return slot == OUTPUTS or slot.startswith(OUTPUTS + ".")
 
 
 def _same_value(one: TensorRecord, other: TensorRecord) -> bool:

@@ -59,7 +59,7 @@ def _renamed_slot(slot: str, node_a: Node, node_b: Node, rules: SlotRules) -> st
 
 def inputs_set_aside(node_a: Node, node_b: Node, rules: SlotRules) -> bool:
     """Every input of ``node_a`` is set aside by a slot rule (renamed to ``""``): the call pairs on its outputs."""
-    inputs = [t.slot for t in node_a.tensors if t.slot.split(".")[0] == "inputs"]
+    inputs = [t.slot for t in node_a.inputs()]
     return bool(rules and inputs) and all(not _renamed_slot(slot, node_a, node_b, rules) for slot in inputs)
 
 
