@@ -9,8 +9,10 @@ random examples, for hunting bugs locally.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
@@ -22,6 +24,16 @@ settings.register_profile("ci", derandomize=True, database=None, print_blob=True
 settings.register_profile("explore", derandomize=False, database=None, print_blob=True, deadline=None,
                           max_examples=1000)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+def pytest_report_header() -> str:
+    """The machine the tests run on (CPU model, torch's CPU capability, cores), in the run's header."""
+    spec = importlib.util.spec_from_file_location(
+        "machine_line", Path(__file__).resolve().parents[1] / "scripts" / "machine_line.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return str(module.machine_line())
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -165,3 +165,46 @@ def test_no_private_grab_bag_modules_at_the_top() -> None:
     """Every top-level module belongs to a stage or is one of the base's few named ones."""
     top = {path.stem for path in PACKAGE_ROOT.glob("*.py")} - {"__init__", "__main__"}
     assert top <= BASE_MODULES | {"show"}, sorted(top - BASE_MODULES - {"show"})
+
+
+def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every set of modules that import each other, directly or through others (Tarjan's strongly connected
+    components of the import graph, TYPE_CHECKING and function-level imports included), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles: list[list[str]] = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for target in sorted(graph.get(module, ())):
+            if target not in index:
+                visit(target)
+                low[module] = min(low[module], low[target])
+            elif target in stack:
+                low[module] = min(low[module], index[target])
+        if low[module] == index[module]:
+            component = stack[stack.index(module):]
+            del stack[stack.index(module):]
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return sorted(circles)
+
+
+def test_no_module_imports_itself_through_others() -> None:
+    """Imports form no circle at all, inside a layer too (an upward import is only one kind of circle)."""
+    graph = {module_name(path): {t for t in imports_of(path) if t != "tracediff"} for path in MODULES}
+    circles = import_circles(graph)
+    assert not circles, "import circles: " + "; ".join(" <-> ".join(circle) for circle in circles)
+
+
+def test_the_circle_finder_names_a_circle_inside_a_layer() -> None:
+    graph = {"a.result": {"a.steps"}, "a.steps": {"a.rows"}, "a.rows": {"a.result"}, "a.leaf": set(),
+             "b.files": {"b.decoded"}, "b.decoded": {"b.files", "a.leaf"}}
+    assert import_circles(graph) == [["a.result", "a.rows", "a.steps"], ["b.decoded", "b.files"]]
+    assert import_circles({"a": {"b"}, "b": set()}) == []

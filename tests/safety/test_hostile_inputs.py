@@ -59,8 +59,13 @@ def test_steps_options_of_the_wrong_type_are_refused(options: Any, shown: str, r
 
 def test_comparing_nothing_is_never_a_pass(run: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     b = _edited(run, tmp_path, "run.json", lambda meta: meta["options"].__setitem__("checksums", ["nothing"]))
-    code, _, err = cli(["steps", str(run), str(b)], capsys)
-    assert code == 2 and "nothing to compare (groups recorded by both runs: none; steps in both: 2)" in err
+    code, out, err = cli(["steps", str(run), str(b)], capsys)
+    assert code == 1 and err == ("tracediff steps: undecided: nothing to compare (groups recorded by both runs: none; "
+                                 "steps in both: 2); record the same groups (checksums=...) in both runs\n")
+    assert "UNDECIDED" in out
+    code, out, _ = cli(["steps", str(run), str(b), "--format", "json"], capsys)
+    report = json.loads(out)
+    assert (code, report["passed"], report["verdict"]) == (1, False, "undecided") and report["reason"]
 
 
 @pytest.mark.parametrize("edit,problem", [

@@ -158,12 +158,18 @@ def test_negative_tolerance_exits_2(
     assert err == "tracediff steps: error: rtol=-0.1: expected a finite number >= 0"
 
 
-def test_no_shared_step_exits_2(tmp_path: Path, runs: dict[str, Path], capsys: pytest.CaptureFixture[str]) -> None:
+def test_no_shared_step_is_undecided(tmp_path: Path, runs: dict[str, Path],
+                                     capsys: pytest.CaptureFixture[str]) -> None:
     _run(tmp_path / "one", steps=[1])
     _run(tmp_path / "two", steps=[2])
-    err = _error(["steps", str(tmp_path / "one"), str(tmp_path / "two")], capsys)
-    assert err == (f"tracediff steps: error: {tmp_path / 'one'} and {tmp_path / 'two'}: no step recorded in both "
-                   "runs (A: 1; B: 2); record the same steps in both")
+    from tracediff.cli.main import main
+
+    capsys.readouterr()
+    code = main(["steps", str(tmp_path / "one"), str(tmp_path / "two")])
+    out, err = capsys.readouterr()
+    assert code == 1 and err == ("tracediff steps: undecided: no step recorded in both runs (A: 1; B: 2); record the "
+                                 "same steps in both\n")
+    assert "UNDECIDED: no step recorded in both runs" in out
 
 
 def test_help_has_an_example(capsys: pytest.CaptureFixture[str]) -> None:

@@ -16,12 +16,12 @@ this module
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, replace
-from typing import Any
+from dataclasses import replace
 
 from ..errors import UsageError
 from ..trace.load import Trace
 from ..trace.model import Node
+from .lm_results import StepAlignment
 from .result import TensorComparison
 from .rows import RowDraft
 
@@ -29,26 +29,6 @@ _SEQUENCE_SLOTS = ("inputs.kwargs.input_ids", "inputs.args.0", "inputs.kwargs.in
 _POSITION_SLOTS = ("inputs.kwargs.cache_position", "inputs.kwargs.position_ids")
 
 
-@dataclass(frozen=True)
-class StepAlignment:
-    """The decode steps of an alignment of two generation traces."""
-
-    steps_a: int
-    steps_b: int
-    compared: tuple[int, ...]
-    selected: int | None  # ``align(..., step=K)``
-    diverged: tuple[int, ...]  # steps holding a row out of tolerance, in order
-    note: str | None = None  # why fewer steps were compared than a trace holds
-
-    @property
-    def first_diverging_step(self) -> int | None:
-        return self.diverged[0] if self.diverged else None
-
-    def to_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["compared"], out["diverged"] = list(self.compared), list(self.diverged)
-        out["first_diverging_step"] = self.first_diverging_step
-        return out
 
 
 def step_count(trace: Trace) -> int:

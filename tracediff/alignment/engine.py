@@ -248,7 +248,13 @@ def align(
         allow_incomplete=bool(allow_incomplete),
         importer_a=trace_a.importer, importer_b=trace_b.importer,
         steps=steps, logits=logits_verdicts, tokens=compare_tokens(trace_a, trace_b), position_strip=strip,
+        payloads_expected=_holds_payloads(trace_a) and _holds_payloads(trace_b),
     )
+
+
+def _holds_payloads(trace: Trace) -> bool:
+    """Whether ``trace`` holds a payload file for any tensor (a trace written with ``use_repr=False``)."""
+    return any(record.has_payload for node in trace.nodes() for record in node.tensors)
 
 
 _THREADED_BYTES = 32 << 20

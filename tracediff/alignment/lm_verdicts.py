@@ -23,7 +23,6 @@ from __future__ import annotations
 import fnmatch
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -35,6 +34,7 @@ from ..errors import TracediffError, UsageError
 from ..trace.load import Trace
 from ..trace.payload import as_floats, is_complex
 from .decode_steps import root_of_calls, sequence_starts
+from .lm_results import FlipVerdict, LogitsVerdict, PositionStrip
 from .result import Job, TensorComparison
 from .rows import RowDraft
 from .verdicts.apply import Runner
@@ -42,63 +42,10 @@ from .verdicts.apply import Runner
 _LOGITS_SLOT = "outputs.logits"
 
 
-@dataclass(frozen=True)
-class FlipVerdict:
-    """A position where B picks another next token than A."""
-
-    position: int
-    token_a: int
-    token_b: int
-    margin: float  # A's top-1 minus top-2 logit there
-    benign: bool | None  # within twice the noise floor (None: no baseline)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"position": self.position, "token_a": self.token_a, "token_b": self.token_b, "margin": self.margin,
-                "benign": self.benign}
 
 
-@dataclass(frozen=True)
-class LogitsVerdict:
-    """The next-token verdict of one logits row (``order``: the row's)."""
-
-    order: int
-    module_path_b: str
-    tensor: str
-    step: int | None
-    kl: tuple[float, ...]
-    topk_agreement: dict[int, float]
-    flips: tuple[FlipVerdict, ...]
-
-    @property
-    def harmful_flips(self) -> tuple[FlipVerdict, ...]:
-        return tuple(flip for flip in self.flips if flip.benign is not True)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"order": self.order, "module_path_b": self.module_path_b, "tensor": self.tensor, "step": self.step,
-                "kl": list(self.kl), "kl_max": max(self.kl, default=0.0),
-                "topk_agreement": {str(k): v for k, v in self.topk_agreement.items()},
-                "flips": [flip.to_dict() for flip in self.flips]}
 
 
-@dataclass(frozen=True)
-class PositionStrip:
-    """The error of one tensor pair (the first divergence) at each token position, relative to its tolerance.
-
-    ``ratios[i]`` is the largest ``|a - b| / (atol + rtol * |a|)`` among the
-    elements at position ``start + i``: above 1 is out of tolerance.
-    """
-
-    order: int  # the row
-    start: int  # the absolute position of ``ratios[0]``
-    ratios: tuple[float, ...]
-
-    @property
-    def first(self) -> int | None:
-        """The first absolute position out of tolerance (None: none)."""
-        return next((self.start + i for i, r in enumerate(self.ratios) if r > 1), None)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"order": self.order, "start": self.start, "ratios": list(self.ratios), "first": self.first}
 
 
 def position_strip(row: TensorComparison, job: Job, a: Trace, b: Trace) -> PositionStrip | None:

@@ -70,9 +70,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 if TYPE_CHECKING:
     import pandas as pd
 
-    from .decode_steps import StepAlignment
-    from .lm_verdicts import LogitsVerdict, PositionStrip
-    from .token_choices import TokenAlignment
+    from .lm_results import LogitsVerdict, PositionStrip, StepAlignment, TokenAlignment
 
 from ..display import renderer_for, short_repr, summary_html
 from ..trace.frozen import frozen_builder, replaced
@@ -292,16 +290,47 @@ class Alignment:
     logits: tuple[LogitsVerdict, ...] = ()  # next-token verdicts of the logits rows
     tokens: TokenAlignment | None = None  # generated tokens: where B would have chosen another token than A
     position_strip: PositionStrip | None = None  # the first divergence's error at each token position
+    payloads_expected: bool = False  # both traces hold payloads: rows from statistics alone are not evidence
+
+    @property
+    def verdict(self) -> str:
+        """``"passed"``, ``"diverged"`` (a tensor out of tolerance or unreadable) or ``"undecided"``.
+
+        A verdict needs evidence: an alignment that compared no tensor, or only
+        statistics where both traces hold payloads, or that ends where an
+        incomplete trace ends (unless ``align(..., allow_incomplete=True)``), is
+        undecided, never passed; :attr:`reason` says why.
+        """
+        if self._tally.diverged or self._tally.unreadable:
+            return "diverged"
+        return "undecided" if self.reason is not None else "passed"
+
+    @property
+    def reason(self) -> str | None:
+        """Why the alignment is undecided, in one line (None when the evidence decides)."""
+        if not self.allow_incomplete and (self.incomplete_a is not None or self.incomplete_b is not None):
+            return ("the comparison ends where an incomplete trace ends (--allow-incomplete judges only what both "
+                    "traces hold)")
+        if not self.rows and self.ignored:
+            return f"nothing was compared: every one of the {len(self.ignored)} paired tensors was set aside by ignore"
+        if not self.rows:
+            return (f"nothing was compared: no tensor of A ({self.model_a}) pairs with a tensor of B "
+                    f"({self.model_b}), {self.matched_nodes} module calls paired; check that both are traces of one "
+                    "model that hold tensors, or give --map")
+        if self.payloads_expected and self._tally.approximate == len(self.rows):
+            return ("only recorded statistics were compared, though both traces hold payloads: no payload pair "
+                    "was compared")
+        return None
 
     @property
     def passed(self) -> bool:
-        """True when no compared tensor is out of tolerance or unreadable, and both traces are complete.
+        """True when tensors were compared, none is out of tolerance or unreadable, and both traces are complete.
 
         A comparison that ends where an incomplete trace ends is never a pass
-        of the whole model, unless ``align(..., allow_incomplete=True)``.
+        of the whole model, unless ``align(..., allow_incomplete=True)``; nor is
+        one that compared nothing (see :attr:`verdict`).
         """
-        complete = self.allow_incomplete or (self.incomplete_a is None and self.incomplete_b is None)
-        return complete and not self._tally.diverged and not self._tally.unreadable
+        return self.verdict == "passed"
 
     def __bool__(self) -> bool:
         return self.passed
@@ -374,7 +403,8 @@ class Alignment:
 
     def __repr__(self) -> str:
         first = self.first_divergence
-        return short_repr(self, passed=self.passed, compared=len(self.rows), diverged=len(self.diverged),
+        return short_repr(self, passed=self.passed, verdict=self.verdict, compared=len(self.rows),
+                          diverged=len(self.diverged),
                           first_divergence=first.describe() if first is not None else None,
                           trace_a=self.trace_a, trace_b=self.trace_b)
 
@@ -398,6 +428,8 @@ class Alignment:
         return {
             "format_version": FORMAT_VERSION,
             "passed": self.passed,
+            "verdict": self.verdict,
+            "reason": self.reason,
             "trace_a": self.trace_a,
             "trace_b": self.trace_b,
             "model_a": self.model_a,

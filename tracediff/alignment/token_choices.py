@@ -21,51 +21,10 @@ it (the last position the step reads); the chosen token goes one further.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
-
 from ..trace.load import Trace
 from ..trace.model import StepTokens
 from .decode_steps import sequence_starts
-
-
-@dataclass(frozen=True)
-class TokenChoice:
-    """A step where B, reading the same tokens as A, would have chosen another next token."""
-
-    step: int
-    sequence: int  # the sequence of the batch
-    position: int | None  # the position whose next-token scores chose it
-    token_a: int  # A's greedy token
-    token_b: int  # B's greedy token
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"step": self.step, "sequence": self.sequence, "position": self.position, "token_a": self.token_a,
-                "token_b": self.token_b}
-
-    def describe(self, side: str = "the port") -> str:
-        where = f", position {self.position}" if self.position is not None else ""
-        row = f", sequence {self.sequence}" if self.sequence else ""
-        return (f"{side} would have chosen token {self.token_b} at step {self.step}{where}{row} "
-                f"(the reference: {self.token_a})")
-
-
-@dataclass(frozen=True)
-class TokenAlignment:
-    """The generated tokens of two traces compared step by step (steps whose tokens both traces hold)."""
-
-    forced: bool  # B was fed A's tokens (teacher forcing)
-    compared: tuple[int, ...]  # steps whose greedy tokens were compared (both sides read the same tokens)
-    choices: tuple[TokenChoice, ...]  # where B's greedy token differs from A's
-    parted_at: int | None = None  # without teacher forcing: the first step where A and B chose other tokens
-
-    @property
-    def first_choice(self) -> TokenChoice | None:
-        return self.choices[0] if self.choices else None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"forced": self.forced, "compared": list(self.compared),
-                "choices": [choice.to_dict() for choice in self.choices], "parted_at": self.parted_at}
+from .lm_results import TokenAlignment, TokenChoice
 
 
 def _steps(trace: Trace) -> dict[int, tuple[int, StepTokens]]:

@@ -21,8 +21,8 @@ from ._files import (
     PT_LIMIT,
     Tensor,
     first_line,
+    npy_as_is,
     open_file,
-    read_npy,
     read_safetensors,
 )
 
@@ -40,6 +40,12 @@ def load_npy(path: Path, root: Path, descr: str) -> np.ndarray:
             return np.lib.format.read_array(f, allow_pickle=False)
         except (ValueError, OSError, EOFError) as e:
             raise DumpFormatError(f"{path}: cannot read the .npy data of dtype {descr!r} ({first_line(e)})") from None
+
+
+def read_npy(path: Path, root: Path) -> list[Tensor]:
+    """A ``.npy`` file: copied as it is where safetensors can hold its bytes, else decoded through numpy."""
+    found = npy_as_is(path, root)
+    return [found] if isinstance(found, Tensor) else [from_numpy(path, (), load_npy(path, root, found))]
 
 
 def read_npz(path: Path, root: Path) -> list[Tensor]:

@@ -6,7 +6,8 @@ folder after following links, regular files only, bounded). ``.npy`` and
 file's size: a reader returns :class:`Tensor` items that say where the bytes
 are, and the writer copies them (:mod:`tracediff.importers._writer`). The
 formats read through numpy or torch (``.npz``, ``.pt``) are in
-:mod:`tracediff.importers._decoded`, which also maps each suffix to its reader.
+:mod:`tracediff.importers._decoded`, which also maps each suffix to its reader (this module imports nothing
+of it).
 """
 
 from __future__ import annotations
@@ -110,8 +111,10 @@ def _pread(fd: int, size: int, offset: int, path: Path, what: str) -> bytes:
     return data
 
 
-def read_npy(path: Path, root: Path) -> list[Tensor]:
-    """A ``.npy`` file: its header, checked against the file's size; the data is copied later, as it is."""
+def npy_as_is(path: Path, root: Path) -> Tensor | str:
+    """A ``.npy`` file's header, checked against the file's size: the tensor whose data is copied later, as it
+    is, or the file's dtype string when its data must be decoded first (big-endian, Fortran order, a dtype
+    safetensors has no code for; :func:`tracediff.importers._decoded.read_npy` does that)."""
     fd, size = open_file(path, root, "npy file")
     try:
         head = os.pread(fd, 12, 0)
@@ -137,10 +140,8 @@ def read_npy(path: Path, root: Path) -> list[Tensor]:
     finally:
         os.close(fd)
     if code is not None and not fortran:
-        return [Tensor(path, (), fmt.PAYLOAD_DTYPES[code][0], shape, code, offset=start, nbytes=nbytes)]
-    from ._decoded import from_numpy, load_npy  # big-endian or Fortran order: through numpy
-
-    return [from_numpy(path, (), load_npy(path, root, descr))]
+        return Tensor(path, (), fmt.PAYLOAD_DTYPES[code][0], shape, code, offset=start, nbytes=nbytes)
+    return descr
 
 
 def _npy_header(text: bytes, path: Path) -> tuple[str, bool, tuple[int, ...]]:

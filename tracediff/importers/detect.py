@@ -8,6 +8,11 @@
   ``.pth``), except in a folder that holds tracediff's own files (metadata,
   journal, lock) or only ``.safetensors`` files at its top: that is a trace
   whose JSON is missing, and the trace reader's message says so.
+
+A folder whose entries are traces (``rank{r}/`` folders of a multi-process
+capture, or any trace JSON or tracediff file below the top) is never a dump:
+its files are traces, and reading them as loose tensors would compare
+nothing that pairs.
 """
 
 from __future__ import annotations
@@ -61,10 +66,19 @@ def detect_kind(path: str | Path) -> str | None:
         return "msprobe"
     if any((folder / name).exists() for name in (fmt.METADATA_FILE, fmt.JOURNAL_FILE, fmt.LOCK_FILE)):
         return None
-    tensor_files = [rel for _, rel in walk(folder) if rel.lower().endswith(TENSOR_SUFFIXES)]
+    names = [rel for _, rel in walk(folder)]
+    if any(_is_trace_file(rel.rpartition("/")[2]) for rel in names):
+        return None  # a trace, or a folder of traces (rank folders): never loose tensors
+    tensor_files = [rel for rel in names if rel.lower().endswith(TENSOR_SUFFIXES)]
     if not tensor_files:
         found = [p for p in folder.glob("*.json") if looks_like_run_results(p, folder)]
         return "polygraphy" if len(found) == 1 else None
     if all("/" not in rel and rel.endswith(fmt.PAYLOAD_SUFFIX) for rel in tensor_files):
         return None  # a trace's payloads without its JSON
     return "tensors"
+
+
+def _is_trace_file(name: str) -> bool:
+    """A trace's JSON tree or one of tracediff's own files, at any depth."""
+    return name.endswith((fmt.FULL_SUFFIX, fmt.SUMMARY_SUFFIX)) or name in (fmt.METADATA_FILE, fmt.JOURNAL_FILE,
+                                                                             fmt.LOCK_FILE)

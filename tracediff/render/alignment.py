@@ -98,8 +98,7 @@ def headline(result: Alignment) -> list[str]:
         unreadable = len(result.unreadable)
         lines.append("PASSED: every compared tensor is within tolerance" if result.passed
                      else f"NOT PASSED: {unreadable} tensor(s) could not be read" if unreadable
-                     else "NOT PASSED: the comparison ends where an incomplete trace ends (--allow-incomplete "
-                          "judges only what both traces hold)")
+                     else f"UNDECIDED: {result.reason}")
     else:
         lines.append(f"FIRST DIVERGENCE ({first.origin}): {first.describe()}")
         if first.input_err is not None and first.amplification is not None:

@@ -44,7 +44,8 @@ def render_html(result: Alignment, *, title: str | None = None) -> str:
     """The report as one HTML document (a ``str``; write it with UTF-8)."""
     first = result.first_divergence
     heading = title or f"{result.model_b} vs {result.model_a}"
-    verdict = "PASSED" if result.passed else "DIVERGED" if first is not None else "NOT PASSED"
+    verdict = "PASSED" if result.passed else "DIVERGED" if first is not None else \
+        "UNDECIDED" if result.verdict == "undecided" else "NOT PASSED"
     parts = [
         "<!doctype html>",
         '<html lang="en"><head><meta charset="utf-8">',
@@ -140,9 +141,12 @@ def _header(result: Alignment, heading: str, verdict: str, first: TensorComparis
         )
     elif result.passed:
         detail = '<div id="first-divergence" class="first ok">Every compared tensor is within tolerance.</div>'
-    else:
+    elif result.unreadable:
         detail = (f'<div id="first-divergence" class="first na">{len(result.unreadable)} tensor(s) could not be '
                   "read; see the table (status unreadable).</div>")
+    else:
+        detail = f'<div id="first-divergence" class="first na">Undecided: {_e(result.reason or "")}</div>'
+
     return (f'<header class="verdict {"pass" if result.passed else "fail"}">'
             f'<div class="title"><span class="badge">{_e(verdict)}</span><h1>{_e(heading)}</h1></div>'
             f'<div class="traces"><div><b>A</b> (reference) <code>{_e(result.trace_a)}</code> '

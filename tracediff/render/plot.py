@@ -102,7 +102,8 @@ def error_figure(result: Alignment, *, title: str | None = None) -> Any:
     ax.set_ylabel("error")
     ax.grid(True, which="major", color="#e5e7eb", linewidth=0.6)
     ax.legend(loc="lower right", fontsize=8, frameon=False, ncols=2)
-    verdict = "passed" if result.passed else f"{len(result.diverged)} of {len(rows)} tensors out of tolerance"
+    verdict = "passed" if result.passed else "undecided" if result.verdict == "undecided" else \
+        f"{len(result.diverged)} of {len(rows)} tensors out of tolerance"
     ax.set_title(title or f"{result.model_b} vs {result.model_a}: {verdict}", fontsize=11, loc="left")
     return fig
 

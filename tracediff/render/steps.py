@@ -46,6 +46,8 @@ def render_table(result: StepComparison) -> str:
 def _headline(result: StepComparison) -> str:
     tolerance = f"atol={result.atol:g}, rtol={result.rtol:g}"
     shared = len({s.step for s in result.step_summaries})
+    if result.reason is not None:
+        return f"{result.run_a} vs {result.run_b} ({tolerance}): UNDECIDED: {result.reason}"
     if result.passed:
         within = any(s.status == "within_tolerance" for s in result.step_summaries)
         verdict = "within tolerance" if within else "identical"

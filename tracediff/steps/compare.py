@@ -54,16 +54,15 @@ def compare_steps(
 
     Raises:
         TraceFormatError: a folder is not a training record, or a record is not valid JSON.
-        UsageError: a negative or NaN tolerance, no step recorded in both runs, or
-            nothing to compare in them (no group recorded by both, or every group empty).
+        UsageError: a negative or NaN tolerance.
+
+    Two runs with no step in common, or no group recorded by both, compare
+    nothing: the result is undecided (``verdict``), never passed.
     """
     atol, rtol = _tolerance("atol", atol), _tolerance("rtol", rtol)
     a, b = open_run(run_a), open_run(run_b)
     shared = sorted(set(a.records) & set(b.records))
     steps_a, steps_b = {s for s, _ in a.records}, {s for s, _ in b.records}
-    if not shared:
-        raise UsageError(f"{a.root} and {b.root}: no step recorded in both runs "
-                         f"(A: {_span(steps_a)}; B: {_span(steps_b)}); record the same steps in both")
     groups = tuple(g for g in GROUPS if g in a.groups and g in b.groups)
     skipped = tuple(g for g in GROUPS if (g in a.groups) != (g in b.groups))
     summaries: list[StepSummary] = []
@@ -74,12 +73,16 @@ def compare_steps(
         summaries.append(summary)
         first = first or divergence
         needed = None if needed is None or step_needed is None else max(needed, step_needed)
-    if not sum(s.compared for s in summaries):  # comparing nothing is never a pass
-        raise UsageError(f"{a.root} and {b.root}: nothing to compare (groups recorded by both runs: "
-                         f"{', '.join(groups) or 'none'}; steps in both: {len(shared)}); "
-                         "record the same groups (checksums=...) in both runs")
+    reason = None  # comparing nothing is never a pass: undecided
+    if not shared:
+        reason = (f"no step recorded in both runs (A: {_span(steps_a)}; B: {_span(steps_b)}); record the same "
+                  "steps in both")
+    elif not sum(s.compared for s in summaries):
+        reason = (f"nothing to compare (groups recorded by both runs: {', '.join(groups) or 'none'}; steps in "
+                  f"both: {len(shared)}); record the same groups (checksums=...) in both runs")
     return StepComparison(
-        run_a=str(a.root), run_b=str(b.root), atol=atol, rtol=rtol, passed=first is None,
+        run_a=str(a.root), run_b=str(b.root), atol=atol, rtol=rtol, passed=first is None and reason is None,
+        reason=reason,
         first_divergence=first, step_summaries=tuple(summaries),
         only_in_a=tuple(sorted(steps_a - steps_b)), only_in_b=tuple(sorted(steps_b - steps_a)),
         groups=groups, groups_skipped=skipped, needed_atol=needed,

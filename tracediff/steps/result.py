@@ -129,13 +129,20 @@ class StepComparison:
     groups_skipped: tuple[str, ...]
     """Groups only one run recorded."""
     needed_atol: float | None
+    reason: str | None = None
+    """Why nothing could be compared (then ``verdict`` is ``"undecided"``); None when something was."""
+
+    @property
+    def verdict(self) -> str:
+        """``"passed"``, ``"diverged"``, or ``"undecided"`` when nothing was compared (see ``reason``)."""
+        return "undecided" if self.reason is not None else "passed" if self.passed else "diverged"
 
     def __bool__(self) -> bool:
         return self.passed
 
     def __repr__(self) -> str:
         first = self.first_divergence
-        return short_repr(self, passed=self.passed, steps=len(self.step_summaries),
+        return short_repr(self, passed=self.passed, verdict=self.verdict, steps=len(self.step_summaries),
                           first_divergence=_describe(first), run_a=self.run_a, run_b=self.run_b)
 
     def _repr_html_(self) -> str:
@@ -158,6 +165,8 @@ class StepComparison:
         return {
             "format_version": FORMAT_VERSION,
             "passed": self.passed,
+            "verdict": self.verdict,
+            "reason": self.reason,
             "run_a": self.run_a,
             "run_b": self.run_b,
             "atol": self.atol,

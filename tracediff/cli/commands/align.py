@@ -27,8 +27,8 @@ def register(sub: Any) -> None:
                                    "diverging tensor in execution order.",
                        epilog=EXAMPLE + "\n\n" + exit_codes_help(
                            "every compared tensor within tolerance and both traces complete",
-                           "something diverges, cannot be read, or a trace is incomplete "
-                           "(without --allow-incomplete)"),
+                           "something diverges or cannot be read, or undecided: nothing was compared, or a "
+                           "trace is incomplete (without --allow-incomplete)"),
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     add_alignment_options(p)  # A, B and --baseline may also be dumps `tracediff import` reads (imported on the fly)
     p.add_argument("--suggest-map", metavar="FILE",
@@ -70,6 +70,8 @@ def _report(result: Any, args: argparse.Namespace) -> int:
             layout = f" and {len(suggestion['layout'])} layout pairings" if "layout" in suggestion else ""
             print(f"wrote {len(result.suggested_rename)} rename rules{slots}{layout} to {args.suggest_map}")
     emit(_render(result, args), args.output)
+    if result.verdict == "undecided":
+        print(f"tracediff align: undecided: {result.reason}", file=sys.stderr)
     return 0 if result.passed else 1
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from .._output import add_output_options, emit
@@ -25,7 +26,7 @@ def register(sub: Any) -> None:
                        description="Compare two training records written by tracediff.StepRecorder.",
                        epilog=EXAMPLE + "\n\n" + exit_codes_help(
                            "identical or within tolerance",
-                           "a divergence (comparing nothing is exit 2, never a pass)"),
+                           "a divergence, or undecided: the runs share no step or group to compare"),
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("run_a", metavar="RUN_A", help="the reference run folder")
     p.add_argument("run_b", metavar="RUN_B", help="the run folder compared with it")
@@ -43,5 +44,7 @@ def run(args: argparse.Namespace) -> int:
 
     result = compare_steps(args.run_a, args.run_b, atol=args.atol, rtol=args.rtol)
     emit(render_steps(result, args.format), args.output)
+    if result.reason is not None:
+        print(f"tracediff steps: undecided: {result.reason}", file=sys.stderr)
     return 0 if result.passed else 1
 
