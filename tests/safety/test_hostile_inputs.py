@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import deepdiff
 import pytest
 import torch
 from torch import nn
@@ -17,6 +18,7 @@ from tests.safety.helpers import cli
 from tracediff.alignment.verdicts.arguments import _describe
 from tracediff.errors import UsageError
 from tracediff.maps.rules import apply_rename, check_rename
+from tracediff.maps.safety import compiled
 from tracediff.steps import StepRecorder
 
 
@@ -133,30 +135,37 @@ def test_safe_forms_of_the_same_rules_are_accepted_and_fast() -> None:
     started = time.perf_counter()
     assert apply_rename(hostile, rules) == hostile
     assert apply_rename("blocks.3.attn", rules) == "layers.3.self_attn"
-    assert time.perf_counter() - started < 1.0
+    # Not a speed target: backtracking into the nested repeat on 5000 characters takes some 2**5000 steps, the
+    # possessive and atomic forms microseconds; no machine, however slow or busy, turns the latter into a minute.
+    assert time.perf_counter() - started < 60.0
 
 
 def test_a_thousand_rename_rules_are_compiled_once() -> None:
     rules = check_rename([[rf"^block{i}\.(\w+)$", rf"layer{i}.\1"] for i in range(1000)], source="map")
     paths = [f"block{i}.mlp" for i in range(0, 1000, 5)]
-    started = time.perf_counter()
+    compiles = compiled.cache_info().misses
     renamed = [apply_rename(p, rules) for p in paths]
-    assert renamed[3] == "layer15.mlp" and time.perf_counter() - started < 2.0
+    assert renamed[3] == "layer15.mlp"
+    assert compiled.cache_info().misses == compiles  # check_rename compiled each rule; applying compiles none
 
 
 # --- bounded work --------------------------------------------------------------------------------------------
 
 
-def test_long_non_tensor_values_are_diffed_in_bounded_time() -> None:
+def _no_deepdiff(*args: Any, **kwargs: Any) -> Any:
+    raise AssertionError("deepdiff called on a large value")
+
+
+def test_long_non_tensor_values_are_diffed_in_bounded_time(monkeypatch: pytest.MonkeyPatch) -> None:
     a = list(range(100_000))
     b = list(a)
     b[17] = -1
-    started = time.perf_counter()
-    assert _describe(a, b) == "differs (100000 elements, first difference at index 17: 17 vs -1)"
-    assert _describe(a, a[:-1]) == "lengths differ: 100000 vs 99999 elements; equal up to index 99999"
-    assert _describe({str(i): i for i in range(5000)}, {str(i): i + (i == 9) for i in range(5000)}) == \
-        "differs (5000 entries, first difference at key '9': 9 vs 10)"
-    assert time.perf_counter() - started < 1.0
+    with monkeypatch.context() as patched:  # deepdiff's work grows with the whole value: never called on these
+        patched.setattr(deepdiff, "DeepDiff", _no_deepdiff)
+        assert _describe(a, b) == "differs (100000 elements, first difference at index 17: 17 vs -1)"
+        assert _describe(a, a[:-1]) == "lengths differ: 100000 vs 99999 elements; equal up to index 99999"
+        assert _describe({str(i): i for i in range(5000)}, {str(i): i + (i == 9) for i in range(5000)}) == \
+            "differs (5000 entries, first difference at key '9': 9 vs 10)"
     assert "changed from 2 to 3" in _describe([1, 2], [1, 3])  # small values keep deepdiff's description
 
 
@@ -171,4 +180,6 @@ def test_the_html_report_is_linear_in_path_depth(small_trace: Path) -> None:
                  for i, row in enumerate(result.rows))
     started = time.perf_counter()
     html = render_html(replace(result, rows=rows))
-    assert time.perf_counter() - started < 5.0 and "m99999" in html
+    # Not a speed target: work quadratic in a 100,000-part path is some 10**10 steps (minutes); linear work is
+    # milliseconds, far under the bound on any machine, however busy.
+    assert time.perf_counter() - started < 60.0 and "m99999" in html
