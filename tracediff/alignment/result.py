@@ -403,8 +403,8 @@ class Alignment:
 
     def __repr__(self) -> str:
         first = self.first_divergence
-        return short_repr(self, passed=self.passed, verdict=self.verdict, compared=len(self.rows),
-                          diverged=len(self.diverged),
+        return short_repr(self, passed=self.passed, compared=len(self.rows), diverged=len(self.diverged),
+                          verdict=self.verdict,
                           first_divergence=first.describe() if first is not None else None,
                           trace_a=self.trace_a, trace_b=self.trace_b)
 

@@ -142,7 +142,7 @@ class StepComparison:
 
     def __repr__(self) -> str:
         first = self.first_divergence
-        return short_repr(self, passed=self.passed, verdict=self.verdict, steps=len(self.step_summaries),
+        return short_repr(self, passed=self.passed, steps=len(self.step_summaries), verdict=self.verdict,
                           first_divergence=_describe(first), run_a=self.run_a, run_b=self.run_b)
 
     def _repr_html_(self) -> str:
