@@ -94,6 +94,10 @@ def ports(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return out
 
 
+#: A row within tolerance: bit-identical on one CPU may be "close" on another (see the tests that use it).
+_WITHIN = ("identical", "close")
+
+
 def _rows(result: Any, how: str) -> list[tuple[str, str, str, str | None]]:
     return [(r.module_path_a.split(".", 1)[1], r.module_path_b.split(".", 1)[1], r.tensor, r.transform)
             for r in result.rows if r.matched_by == how]
@@ -114,7 +118,9 @@ def test_fused_qkv_and_gate_up_pair_by_layout_with_gqa_sizes(ports: dict[str, Pa
         ("blocks.0.mlp.gate_up", "layers.0.mlp.up_proj", "outputs", "A[..., 64:128] ~ B"),
     ]
     inputs = [r for r in result.rows if r.matched_by == "layout" and r.transform is None]
-    assert len(inputs) == 10 and all(r.tensor == "inputs.args.0" and r.status == "identical" for r in inputs)
+    # within tolerance, not bit for bit: one fused GEMM and three narrower ones are blocked differently by the
+    # BLAS library on some CPUs (seen with MKL_CBWR=AVX2), and layer 1's inputs inherit that rounding
+    assert len(inputs) == 10 and all(r.tensor == "inputs.args.0" and r.status in _WITHIN for r in inputs)
     # the rotary tables computed in the first attention are compared with the model's one rotary_emb
     cos = next(r for r in result.rows if r.module_path_b == "LlamaModel.rotary_emb" and r.tensor == "outputs.0")
     assert (cos.module_path_a, cos.matched_by, cos.shape_a, cos.shape_b) == (
@@ -131,7 +137,8 @@ def test_rotary_theta_bug_is_found_at_the_rotary_tables_inside_the_first_attenti
     assert (first.module_path_a, first.module_path_b, first.tensor, first.origin) == (
         "ResearchLlama.blocks.0.attn.rotary", "LlamaModel.rotary_emb", "outputs.0", "introduced")
     qkv = [r for r in result.rows if r.module_path_a.endswith("blocks.0.attn.qkv") and r.transform]
-    assert [r.status for r in qkv] == ["identical", "identical", "identical"]  # before the rotation: unchanged
+    # before the rotation: unchanged (within rounding: a fused GEMM rounds like the split ones on some CPUs only)
+    assert len(qkv) == 3 and all(r.status in _WITHIN for r in qkv)
 
 
 def test_tensor_output_pairs_with_the_first_element_or_main_field(ports: dict[str, Path]) -> None:
