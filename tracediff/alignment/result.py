@@ -58,6 +58,9 @@ kl_max ... flip_margin logits rows: the largest KL per position, top-1/5/10
                        agreement, argmax flips and the reference's top-2
                        margin at the first flip (see
                        :mod:`tracediff.alignment.lm_verdicts`)
+rank                   a sharded trace (:mod:`tracediff.sharding`): the rank
+                       whose shard first holds an element out of tolerance
+                       (None: not sharded, replicated, a partial sum)
 =====================  ========================================================
 """
 
@@ -70,6 +73,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 if TYPE_CHECKING:
     import pandas as pd
 
+    from ..sharding.findings import ShardFinding
     from .decode_steps import StepAlignment
     from .lm_verdicts import LogitsVerdict, PositionStrip
     from .token_choices import TokenAlignment
@@ -150,6 +154,8 @@ class TensorComparison:
     top10_agreement: float | None = None
     argmax_flips: int | None = None
     flip_margin: float | None = None
+    # a sharded trace (tracediff.sharding): the rank whose shard first goes out of tolerance
+    rank: int | None = None
 
     @property
     def call_index_a(self) -> int:
@@ -292,6 +298,8 @@ class Alignment:
     logits: tuple[LogitsVerdict, ...] = ()  # next-token verdicts of the logits rows
     tokens: TokenAlignment | None = None  # generated tokens: where B would have chosen another token than A
     position_strip: PositionStrip | None = None  # the first divergence's error at each token position
+    # multi-rank traces: replicas the ranks disagree on (these fail the verdict) and tensors left unplaced
+    shard_findings: tuple[ShardFinding, ...] = ()
 
     @property
     def passed(self) -> bool:
@@ -301,7 +309,8 @@ class Alignment:
         of the whole model, unless ``align(..., allow_incomplete=True)``.
         """
         complete = self.allow_incomplete or (self.incomplete_a is None and self.incomplete_b is None)
-        return complete and not self._tally.diverged and not self._tally.unreadable
+        return complete and not self._tally.diverged and not self._tally.unreadable and \
+            not any(finding.failing for finding in self.shard_findings)
 
     def __bool__(self) -> bool:
         return self.passed
@@ -430,6 +439,7 @@ class Alignment:
             "logits": [verdict.to_dict() for verdict in self.logits],
             "tokens": self.tokens.to_dict() if self.tokens is not None else None,
             "position_strip": self.position_strip.to_dict() if self.position_strip is not None else None,
+            "shard_findings": [finding.to_dict() for finding in self.shard_findings],
         }
 
 

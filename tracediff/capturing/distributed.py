@@ -32,3 +32,12 @@ def dtensor_layout(value: Any, *, full: bool) -> dict[str, Any]:
     """The ``dtensor`` entry of a DTensor: global shape, placements, and whether the full tensor is recorded."""
     placements = [repr(p) for p in getattr(value, "placements", ())]
     return dtensor_entry(list(value.shape), placements, "full" if full else "local")
+
+
+def run_start(started: str) -> str:
+    """Rank 0's ``started`` on every rank (a broadcast): the identity the ranks of one run share."""
+    if not _initialized() or world_size() == 1:
+        return started
+    shared: list[Any] = [started]
+    torch.distributed.broadcast_object_list(shared, src=0)
+    return str(shared[0])

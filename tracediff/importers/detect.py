@@ -7,7 +7,8 @@
 * ``tensors``: tensor files (``.npy``, ``.npz``, ``.safetensors``, ``.pt``,
   ``.pth``), except in a folder that holds tracediff's own files (metadata,
   journal, lock) or only ``.safetensors`` files at its top: that is a trace
-  whose JSON is missing, and the trace reader's message says so.
+  whose JSON is missing, and the trace reader's message says so; nor in a
+  multi-rank folder (``rank{r}/`` traces): ``align`` reads it as one sharded trace.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from pathlib import Path
 
 from .. import format as fmt
 from ..errors import DumpFormatError
+from ..trace.ranks import is_multi_rank
 from ._files import TENSOR_SUFFIXES, walk
 
 #: The kinds ``import_dump`` reads.
@@ -61,6 +63,8 @@ def detect_kind(path: str | Path) -> str | None:
         return "msprobe"
     if any((folder / name).exists() for name in (fmt.METADATA_FILE, fmt.JOURNAL_FILE, fmt.LOCK_FILE)):
         return None
+    if is_multi_rank(folder):
+        return None  # rank{r}/ traces of one sharded run (tracediff.sharding), not a dump of tensors
     tensor_files = [rel for _, rel in walk(folder) if rel.lower().endswith(TENSOR_SUFFIXES)]
     if not tensor_files:
         found = [p for p in folder.glob("*.json") if looks_like_run_results(p, folder)]
