@@ -5,10 +5,10 @@ the shards said on their own."""
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Any
 
 from ..compare.metrics import compare_tensors
 from ..compare.tolerance import default_tolerance
+from ..errors import TracediffError
 from ..sharding import ShardedTrace, ShardFinding
 from ..trace.load import Trace
 from ..trace.payload import Payload
@@ -32,35 +32,39 @@ def _close(rebuilt: Payload, reference: Payload) -> bool:
 
 def name_ranks(rows: list[TensorComparison], jobs: list[Job], trace_a: Trace, trace_b: Trace) -> None:
     """Set ``rank`` on each row out of tolerance whose tensor is sharded in B (else in A): the rank, in mesh
-    order, whose shard first holds an element out of the row's tolerance. Rows change in place in ``rows``."""
-    sides = [(t, i) for t, i in ((trace_b, 3), (trace_a, 1)) if isinstance(t, ShardedTrace)]
-    if not sides:
+    order, whose shard (or copy of a replica) first holds an element out of the row's tolerance. Rows change
+    in place in ``rows``; a partial sum names no rank."""
+    if not isinstance(trace_a, ShardedTrace) and not isinstance(trace_b, ShardedTrace):
         return
     for i, row in enumerate(rows):
-        if row.within_tolerance is not False or row.order >= len(jobs):
-            continue
-        job = jobs[row.order]
-        for trace, at in sides:
-            rank = _first_rank(trace, job, at, trace_a, trace_b, row)
+        if row.within_tolerance is False and row.order < len(jobs):
+            rank = _first_rank(jobs[row.order], trace_a, trace_b, row)
             if rank is not None:
                 rows[i] = fill(row, rank=rank)
-                break
 
 
-def _first_rank(trace: Any, job: Job, at: int, trace_a: Trace, trace_b: Trace, row: TensorComparison) -> int | None:
+def _first_rank(job: Job, trace_a: Trace, trace_b: Trace, row: TensorComparison) -> int | None:
     ra, rb = job[1], job[3]
+    side_b = isinstance(trace_b, ShardedTrace) and trace_b.shard_views(rb)
+    views = side_b or (trace_a.shard_views(ra) if isinstance(trace_a, ShardedTrace) else [])
+    if not views:
+        return None
     try:
         a, b = trace_a.load_payload(ra), trace_b.load_payload(rb)
-    except Exception:  # noqa: BLE001 - the row already says why it could not be read
-        return None
-    if a.shape != b.shape:
-        return None
-
-    def exceeds(span: tuple[slice, ...]) -> bool:
-        part_a, part_b = a.with_values(a.values[span]), b.with_values(b.values[span])
-        return compare_tensors(part_a, part_b, atol=row.atol, rtol=row.rtol).within_tolerance is False
-
-    return trace.rank_of_first_error(job[at], exceeds)
+        if a.shape != b.shape:
+            return None
+        for rank, span, own in views:
+            part_a, part_b = a.with_values(a.values[span]), b.with_values(b.values[span])
+            if own is not None:  # a replica: this rank's own copy against the other side
+                if side_b:
+                    part_b = own()
+                else:
+                    part_a = own()
+            if compare_tensors(part_a, part_b, atol=row.atol, rtol=row.rtol).within_tolerance is False:
+                return rank
+    except TracediffError:
+        return None  # the row already says why it could not be read
+    return None
 
 
 def findings(trace_a: Trace, trace_b: Trace) -> tuple[ShardFinding, ...]:

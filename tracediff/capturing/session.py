@@ -36,7 +36,7 @@ import sys
 import warnings
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -54,7 +54,7 @@ from ._tree import prune_intermediate_layers, trace_file_names
 from .backward import BackwardRecorder
 from .compat import sanitize_repr
 from .decode_steps import StepTracker, parse_steps
-from .distributed import current_rank, run_start, world_size
+from .distributed import current_rank, run_start, versioned_collectives, world_size
 from .encode import Encoder, TensorMode
 from .journal import Journal, claim_folder, held_claim
 from .kv_cache import with_cache_layer
@@ -388,7 +388,8 @@ def capture(
         recorder.steps.install()
         if op_recorder is not None:
             op_recorder.start()
-        with termination_as_interrupt():  # SIGTERM/SIGHUP end the forward as Ctrl-C does: partial trace kept
+        # SIGTERM/SIGHUP end the forward as Ctrl-C does: partial trace kept
+        with termination_as_interrupt(), versioned_collectives() if sharded else nullcontext():
             yield session
     except BaseException:
         raised = True

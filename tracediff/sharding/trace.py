@@ -12,6 +12,7 @@ evidence of the values (:meth:`ShardedTrace.place_against`).
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -94,21 +95,25 @@ class ShardedTrace(Trace):
                 return f"rank {rank}: {reason}"
         return None
 
-    def rank_of_first_error(self, record: TensorRecord, exceeds: Any) -> int | None:
-        """The rank (in mesh order) whose shard of ``record`` first holds an element for which ``exceeds(span)``
-        is true, ``span`` being that shard's slice of the global tensor; None for partial sums and N-D meshes."""
+    def shard_views(self, record: TensorRecord) -> list[tuple[int, tuple[slice, ...], Callable[[], Payload] | None]]:
+        """Each rank (in mesh order) with its shard's slice of the global tensor of ``record`` and, for a
+        replica, the reader of that rank's own copy (None: the slice of the rebuilt tensor is the shard).
+        Empty for partial sums, N-D meshes and unplaced tensors."""
         placed = self.placed.get(record.order)
         if placed is None or placed.layout is None or self.ranks is None:
-            return None
+            return []
         shapes = [shard.shape for shard in placed.shards]
-        if any(shape is None for shape in shapes):
-            return None
-        spans = shard_spans(placed.layout, [s for s in shapes if s is not None], self.ranks.coordinates)
+        known = [shape for shape in shapes if shape is not None]
+        spans = shard_spans(placed.layout, known, self.ranks.coordinates) if len(known) == len(shapes) else None
         if spans is None:
-            return None
-        if placed.layout.replicated:
-            return None  # every rank holds it all: the error is not one rank's
-        return next((rank for rank, span in spans.items() if exceeds(span)), None)
+            return []
+        traces = self.ranks.traces
+
+        def reader(rank: int) -> Callable[[], Payload]:
+            return lambda: traces[rank].load_payload(placed.shards[rank])
+
+        replica = placed.layout.replicated
+        return [(rank, span, reader(rank) if replica else None) for rank, span in spans.items()]
 
     def place_against(self, other: Trace, *, closeness: Any) -> None:
         """Place, on the evidence of ``other``'s values, the tensors recorded without a layout: a tensor whose

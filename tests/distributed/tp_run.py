@@ -1,0 +1,132 @@
+"""One run of a tiny random Llama for the sharded-trace tests: the one-process reference, or a TP=2 run.
+
+    python tests/distributed/tp_run.py save CKPT                  # the checkpoint, fixed seed
+    python tests/distributed/tp_run.py ref CKPT OUT               # one process
+    torchrun --nproc-per-node 2 tests/distributed/tp_run.py hf CKPT OUTROOT [MISTAKE,...]
+    torchrun --nproc-per-node 2 tests/distributed/tp_run.py torch CKPT OUTROOT [MISTAKE,...]
+
+``hf`` loads with transformers' ``tp_plan="auto"``; ``torch`` parallelizes the one-process model with torch's
+``parallelize_module`` (the torchtitan way). Each MISTAKE (default ``none``) plants a tensor-parallel bug (see
+``MISTAKES``) in a freshly loaded model, captured into ``OUTROOT/{hf|torch}_{MISTAKE}``.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+
+MISTAKES = ("none", "no_allreduce", "replica_differs", "shard_differs", "swapped_shards")
+
+
+def save(ckpt: Path) -> None:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    LlamaForCausalLM(config).save_pretrained(ckpt)
+
+
+def _inputs() -> dict[str, torch.Tensor]:
+    return {"input_ids": torch.arange(1, 13).reshape(1, 12) % 96}
+
+
+def reference(ckpt: Path, out: Path) -> None:
+    from transformers import LlamaForCausalLM
+
+    import tracediff
+
+    model = LlamaForCausalLM.from_pretrained(ckpt).eval()
+    with torch.no_grad(), tracediff.capture(model, out):
+        model(**_inputs())
+
+
+def _plant(model: torch.nn.Module, mistake: str, rank: int) -> None:
+    layer = model.model.layers[0]
+    if mistake == "no_allreduce":  # a row-parallel layer whose partial sums are never reduced
+        from transformers.distributed.tensor_parallel import RowwiseParallel
+
+        class NoReduceRowwise(RowwiseParallel):
+            def transform_output_post_forward(self, module, output, mesh):  # type: ignore[no-untyped-def]
+                return output.to_local() if hasattr(output, "to_local") else output
+
+        proj = layer.mlp.down_proj
+        mesh = proj.weight.device_mesh
+        proj.__dict__.pop("forward", None)
+        NoReduceRowwise().install_forward(proj, mesh)
+    elif mistake == "replica_differs" and rank == 1:  # a replicated weight not alike on every rank
+        with torch.no_grad():
+            layer.post_attention_layernorm.weight.mul_(1.5)
+    elif mistake == "shard_differs" and rank == 1:  # rank 1 sharded another initialisation of the weight
+        with torch.no_grad():
+            local = layer.self_attn.k_proj.weight.to_local()
+            local.copy_(torch.randn_like(local))
+    elif mistake == "swapped_shards":  # gate shards loaded in the wrong rank order
+        with torch.no_grad():
+            local = layer.mlp.gate_proj.weight.to_local()
+            other = local.clone()
+            torch.distributed.all_reduce(other)  # rank0 + rank1 on both
+            local.copy_(other - local)
+
+
+def hf(ckpt: Path, out: Path, mistake: str) -> None:
+    from transformers import LlamaForCausalLM
+
+    import tracediff
+
+    model = LlamaForCausalLM.from_pretrained(ckpt, tp_plan="auto").eval()
+    _plant(model, mistake, torch.distributed.get_rank())
+    with torch.no_grad(), tracediff.capture(model, out, ranks="all"):
+        model(**_inputs())
+
+
+def torch_tp(ckpt: Path, out: Path, mistake: str) -> None:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Partial, Replicate
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    from transformers import LlamaForCausalLM
+
+    import tracediff
+
+    if not torch.distributed.is_initialized():
+        torch.distributed.init_process_group("gloo")
+    mesh = init_device_mesh("cpu", (torch.distributed.get_world_size(),), mesh_dim_names=("tp",))
+    model = LlamaForCausalLM.from_pretrained(ckpt).eval()
+    for i, layer in enumerate(model.model.layers):
+        # the mistake: a row-parallel layer left with its partial sums, never all-reduced
+        reduced = Partial() if mistake == "no_allreduce" and i == 0 else Replicate()
+        parallelize_module(layer, mesh, {
+            "self_attn.q_proj": ColwiseParallel(), "self_attn.k_proj": ColwiseParallel(),
+            "self_attn.v_proj": ColwiseParallel(), "self_attn.o_proj": RowwiseParallel(),
+            "mlp.gate_proj": ColwiseParallel(), "mlp.up_proj": ColwiseParallel(),
+            "mlp.down_proj": RowwiseParallel(output_layouts=reduced),
+        })
+    if mistake != "no_allreduce":
+        _plant(model, mistake, torch.distributed.get_rank())
+    with torch.no_grad(), tracediff.capture(model, out, ranks="all"):
+        model(**_inputs())
+
+
+def main(argv: list[str]) -> None:
+    command, ckpt = argv[0], Path(argv[1])
+    if command == "save":
+        save(ckpt)
+        return
+    out = Path(argv[2])
+    mistakes = argv[3].split(",") if len(argv) > 3 else ["none"]
+    unknown = [m for m in mistakes if m not in MISTAKES]
+    if unknown:
+        raise SystemExit(f"unknown mistake {unknown[0]!r}: expected one of {', '.join(MISTAKES)}")
+    if command == "ref":
+        reference(ckpt, out)
+        return
+    for mistake in mistakes:
+        (hf if command == "hf" else torch_tp)(ckpt, out / f"{command}_{mistake}", mistake)
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
