@@ -288,3 +288,13 @@ def test_a_folder_with_no_rank_that_holds_a_trace_is_not_sharded(tmp_path: Path)
     (tmp_path / "rank0").mkdir()
     with pytest.raises(TraceFormatError):
         load_sharded(tmp_path)
+
+
+def test_ranks_whose_call_trees_differ_are_refused(runs: Path, tmp_path: Path, capsys: Any) -> None:
+    folder = _copy(runs, "hf_none", tmp_path)
+    full = next((folder / "rank1").glob(f"*{fmt.FULL_SUFFIX}"))
+    full.write_text(full.read_text().replace('"module_path": "LlamaForCausalLM.model.norm"',
+                                             '"module_path": "LlamaForCausalLM.model.final_norm"'))
+    err = _refused(capsys, str(runs / "ref"), str(folder))
+    assert f"{folder}: rank 1's call LlamaForCausalLM.model.final_norm (call 0) differs from rank 0's " \
+           "LlamaForCausalLM.model.norm (call 0): not one run of the same model" in err
