@@ -116,6 +116,13 @@ class PlainTP(nn.Module):
         return self.mlp(self.mixer(x))
 
 
+def build() -> tuple[PlainTP, dict[str, torch.Tensor]]:
+    """The SPEC of ``tracediff capture tests/distributed/plain_tp.py:build`` (under torchrun: the sharded model)."""
+    if "RANK" in __import__("os").environ and not torch.distributed.is_initialized():
+        torch.distributed.init_process_group("gloo")
+    return PlainTP(), {"ids": (torch.arange(SEQ).reshape(1, SEQ) * 5) % VOCAB}
+
+
 def run(out: Path, mistake: str) -> None:
     import tracediff
 

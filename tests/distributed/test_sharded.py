@@ -46,11 +46,13 @@ TORCH_MISTAKES = ("none", "no_allreduce", "shard_differs")
 PLAIN_MISTAKES = ("none", "embedding_no_mask", "no_allreduce", "sp_no_gather")
 
 
-def _torchrun(script: str, *args: str) -> None:
+def _torchrun(script: str, *args: str) -> str:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    target = ["-m", "tracediff"] if script == "tracediff" else [str(HERE / script)]
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                           str(HERE / script), *args], env=env, capture_output=True, text=True, timeout=300)
+                           *target, *args], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-4000:]
+    return done.stdout
 
 
 @pytest.fixture(scope="module")
@@ -64,6 +66,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     _torchrun("tp_run.py", "hf", str(ckpt), str(root), ",".join(HF_MISTAKES))
     _torchrun("tp_run.py", "torch", str(ckpt), str(root), ",".join(TORCH_MISTAKES))
     _torchrun("plain_tp.py", "tp", str(root), ",".join(PLAIN_MISTAKES))
+    (root / "cli.txt").write_text(_torchrun("tracediff", "capture", f"{HERE / 'plain_tp.py'}:build", "--ranks",
+                                            "all", "--out", str(root / "plain_cli")))
     return root
 
 
@@ -88,6 +92,15 @@ def test_a_clean_tp_run_passes_against_one_process_with_tensors_compared(runs: P
         row = next(r for r in result.rows if r.module_path_b.endswith("layers.0.mlp.gate_proj")
                    and r.tensor == "outputs")
         assert row.shape_b == (1, 12, 128) and row.status in ("identical", "close")
+
+
+def test_the_capture_command_writes_a_multi_rank_folder_with_ranks_all(runs: Path, capsys: Any) -> None:
+    folder = runs / "plain_cli"
+    assert sorted(p.name for p in folder.iterdir()) == ["rank0", "rank1", fmt.RANKS_FILE]
+    assert f"captured 7 module calls into {folder / 'rank1'} (9 payload files" in (runs / "cli.txt").read_text()
+    code, out, _ = run_cli(["align", str(runs / "plain_ref"), str(folder), "--shards", str(runs / "rules.txt")],
+                           capsys)
+    assert code == 0 and "PASSED" in out
 
 
 def test_two_sharded_runs_align_with_each_other(runs: Path) -> None:
