@@ -41,7 +41,7 @@ sys.path.insert(0, str(HERE))
 import plain_tp  # noqa: E402
 import tp_run  # noqa: E402
 
-HF_MISTAKES = ("none", "no_allreduce", "replica_differs", "swapped_shards")
+HF_MISTAKES = ("none", "no_allreduce", "replica_differs", "swapped_shards", "qwen2:none", "qwen2:shard_differs")
 TORCH_MISTAKES = ("none", "no_allreduce", "shard_differs")
 PLAIN_MISTAKES = ("none", "embedding_no_mask", "no_allreduce", "sp_no_gather")
 
@@ -60,7 +60,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("sharded")
     ckpt = root / "ckpt"
     tp_run.save(ckpt)
+    tp_run.save(ckpt / "qwen2", "qwen2")
     tp_run.reference(ckpt, root / "ref")
+    tp_run.reference(ckpt / "qwen2", root / "ref_qwen2")
     plain_tp.run(root / "plain_ref", "none")
     (root / "rules.txt").write_text(plain_tp.SHARDS_RULES)
     _torchrun("tp_run.py", "hf", str(ckpt), str(root), ",".join(HF_MISTAKES))
@@ -72,6 +74,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _align(runs: Path, name: str) -> tracediff.Alignment:
+    if "qwen2" in name:
+        return tracediff.align(runs / "ref_qwen2", runs / name)
     if name.startswith("plain_"):
         return tracediff.align(runs / "plain_ref", runs / name, shards=runs / "rules.txt")
     return tracediff.align(runs / "ref", runs / name)
@@ -81,7 +85,7 @@ def _compared(result: tracediff.Alignment) -> int:
     return sum(row.status in ("identical", "close") and not row.approximate for row in result.rows)
 
 
-@pytest.mark.parametrize("name", ["hf_none", "torch_none", "plain_none"])
+@pytest.mark.parametrize("name", ["hf_none", "hf_qwen2_none", "torch_none", "plain_none"])
 def test_a_clean_tp_run_passes_against_one_process_with_tensors_compared(runs: Path, name: str) -> None:
     result = _align(runs, name)
     assert result.passed, result.first_divergence or result.shard_findings
@@ -141,8 +145,9 @@ def test_shards_in_the_wrong_rank_order_name_the_first_rank_out_of_tolerance(run
     assert first.rank == 0
 
 
-def test_a_shard_initialised_apart_names_its_rank(runs: Path) -> None:
-    first = _align(runs, "torch_shard_differs").first_divergence
+@pytest.mark.parametrize("name", ["torch_shard_differs", "hf_qwen2_shard_differs"])
+def test_a_shard_initialised_apart_names_its_rank(runs: Path, name: str) -> None:
+    first = _align(runs, name).first_divergence
     assert first is not None and first.module_path_b.endswith("layers.0.self_attn.k_proj")
     assert first.tensor == "outputs" and first.rank == 1
 

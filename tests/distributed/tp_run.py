@@ -1,32 +1,47 @@
 """One run of a tiny random Llama for the sharded-trace tests: the one-process reference, or a TP=2 run.
 
-    python tests/distributed/tp_run.py save CKPT                  # the checkpoint, fixed seed
+    python tests/distributed/tp_run.py save CKPT [llama|qwen2]    # the checkpoint, fixed seed
     python tests/distributed/tp_run.py ref CKPT OUT               # one process
-    torchrun --nproc-per-node 2 tests/distributed/tp_run.py hf CKPT OUTROOT [MISTAKE,...]
-    torchrun --nproc-per-node 2 tests/distributed/tp_run.py torch CKPT OUTROOT [MISTAKE,...]
+    torchrun --nproc-per-node 2 tests/distributed/tp_run.py hf CKPT OUTROOT [[FAMILY:]MISTAKE,...]
+    torchrun --nproc-per-node 2 tests/distributed/tp_run.py torch CKPT OUTROOT [[FAMILY:]MISTAKE,...]
 
 ``hf`` loads with transformers' ``tp_plan="auto"``; ``torch`` parallelizes the one-process model with torch's
 ``parallelize_module`` (the torchtitan way). Each MISTAKE (default ``none``) plants a tensor-parallel bug (see
-``MISTAKES``) in a freshly loaded model, captured into ``OUTROOT/{hf|torch}_{MISTAKE}``.
+``MISTAKES``) in a freshly loaded model, captured into ``OUTROOT/{hf|torch}_{MISTAKE}``; ``FAMILY:MISTAKE``
+loads ``CKPT/FAMILY`` instead and writes ``OUTROOT/{hf|torch}_{FAMILY}_{MISTAKE}``.
 """
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 
 MISTAKES = ("none", "no_allreduce", "replica_differs", "shard_differs", "swapped_shards")
 
 
-def save(ckpt: Path) -> None:
-    from transformers import LlamaConfig, LlamaForCausalLM
+FAMILIES = ("llama", "qwen2")
+
+
+def save(ckpt: Path, family: str = "llama") -> None:
+    """A tiny random checkpoint (seed 0): Llama, or Qwen2 (biases on q, k and v: sharded with their weights)."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
-    LlamaForCausalLM(config).save_pretrained(ckpt)
+    sizes = {"vocab_size": 96, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+             "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64}
+    if family == "qwen2":
+        Qwen2ForCausalLM(Qwen2Config(**sizes)).save_pretrained(ckpt)
+    else:
+        LlamaForCausalLM(LlamaConfig(**sizes)).save_pretrained(ckpt)
+
+
+def _auto_model() -> Any:
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM
 
 
 def _inputs() -> dict[str, torch.Tensor]:
@@ -86,14 +101,13 @@ def torch_tp(ckpt: Path, out: Path, mistake: str) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor import Partial, Replicate
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
-    from transformers import LlamaForCausalLM
 
     import tracediff
 
     if not torch.distributed.is_initialized():
         torch.distributed.init_process_group("gloo")
     mesh = init_device_mesh("cpu", (torch.distributed.get_world_size(),), mesh_dim_names=("tp",))
-    model = LlamaForCausalLM.from_pretrained(ckpt).eval()
+    model = _auto_model().from_pretrained(ckpt).eval()
     for i, layer in enumerate(model.model.layers):
         # the mistake: a row-parallel layer left with its partial sums, never all-reduced
         reduced = Partial() if mistake == "no_allreduce" and i == 0 else Replicate()
@@ -112,18 +126,21 @@ def torch_tp(ckpt: Path, out: Path, mistake: str) -> None:
 def main(argv: list[str]) -> None:
     command, ckpt = argv[0], Path(argv[1])
     if command == "save":
-        save(ckpt)
+        save(ckpt, argv[2] if len(argv) > 2 else "llama")
         return
     out = Path(argv[2])
-    mistakes = argv[3].split(",") if len(argv) > 3 else ["none"]
-    unknown = [m for m in mistakes if m not in MISTAKES]
-    if unknown:
-        raise SystemExit(f"unknown mistake {unknown[0]!r}: expected one of {', '.join(MISTAKES)}")
     if command == "ref":
         reference(ckpt, out)
         return
-    for mistake in mistakes:
-        (hf if command == "hf" else torch_tp)(ckpt, out / f"{command}_{mistake}", mistake)
+    # MISTAKE or FAMILY:MISTAKE, with CKPT/FAMILY the checkpoints (llama: CKPT itself when it holds one)
+    for item in argv[3].split(",") if len(argv) > 3 else ["none"]:
+        family, _, mistake = item.rpartition(":")
+        if mistake not in MISTAKES or (family and family not in FAMILIES):
+            raise SystemExit(f"unknown run {item!r}: expected [FAMILY:]MISTAKE, FAMILY in {FAMILIES}, MISTAKE in "
+                             f"{MISTAKES}")
+        source = ckpt / family if family else ckpt
+        name = f"{command}_{family}_{mistake}" if family else f"{command}_{mistake}"
+        (hf if command == "hf" else torch_tp)(source, out / name, mistake)
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
 
