@@ -65,8 +65,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tp_run.reference(ckpt / "qwen2", root / "ref_qwen2")
     plain_tp.run(root / "plain_ref", "none")
     (root / "rules.txt").write_text(plain_tp.SHARDS_RULES)
-    _torchrun("tp_run.py", "hf", str(ckpt), str(root), ",".join(HF_MISTAKES))
-    _torchrun("tp_run.py", "torch", str(ckpt), str(root), ",".join(TORCH_MISTAKES))
+    runs = [f"hf:{m}" for m in HF_MISTAKES] + [f"torch:{m}" for m in TORCH_MISTAKES]
+    _torchrun("tp_run.py", "hf", str(ckpt), str(root), ",".join(runs))  # one launch: start-up paid once
     _torchrun("plain_tp.py", "tp", str(root), ",".join(PLAIN_MISTAKES))
     (root / "cli.txt").write_text(_torchrun("tracediff", "capture", f"{HERE / 'plain_tp.py'}:build", "--ranks",
                                             "all", "--out", str(root / "plain_cli")))
@@ -189,6 +189,12 @@ def test_the_json_report_carries_the_rank_and_the_findings(runs: Path, capsys: A
     report = json.loads(out)
     assert code == 1 and report["first_divergence"]["rank"] == 1
     assert report["shard_findings"] == [f.to_dict() for f in _align(runs, "torch_shard_differs").shard_findings]
+
+
+def test_the_html_report_lists_the_shard_findings(runs: Path) -> None:
+    html = _align(runs, "hf_replica_differs").to_html()
+    assert '<section id="shards"><h2>Shards</h2>' in html and '<a href="#shards">Shards</a>' in html
+    assert "LlamaForCausalLM.model.layers.0.post_attention_layernorm" in html
 
 
 def test_a_multi_rank_folder_is_not_taken_for_a_dump(runs: Path) -> None:

@@ -2,13 +2,14 @@
 
     python tests/distributed/tp_run.py save CKPT [llama|qwen2]    # the checkpoint, fixed seed
     python tests/distributed/tp_run.py ref CKPT OUT               # one process
-    torchrun --nproc-per-node 2 tests/distributed/tp_run.py hf CKPT OUTROOT [[FAMILY:]MISTAKE,...]
-    torchrun --nproc-per-node 2 tests/distributed/tp_run.py torch CKPT OUTROOT [[FAMILY:]MISTAKE,...]
+    torchrun --nproc-per-node 2 tests/distributed/tp_run.py hf CKPT OUTROOT [[ENGINE:][FAMILY:]MISTAKE,...]
+    torchrun --nproc-per-node 2 tests/distributed/tp_run.py torch CKPT OUTROOT [[ENGINE:][FAMILY:]MISTAKE,...]
 
 ``hf`` loads with transformers' ``tp_plan="auto"``; ``torch`` parallelizes the one-process model with torch's
 ``parallelize_module`` (the torchtitan way). Each MISTAKE (default ``none``) plants a tensor-parallel bug (see
 ``MISTAKES``) in a freshly loaded model, captured into ``OUTROOT/{hf|torch}_{MISTAKE}``; ``FAMILY:MISTAKE``
-loads ``CKPT/FAMILY`` instead and writes ``OUTROOT/{hf|torch}_{FAMILY}_{MISTAKE}``.
+loads ``CKPT/FAMILY`` instead and writes ``OUTROOT/{hf|torch}_{FAMILY}_{MISTAKE}``; an ``hf:`` or ``torch:``
+prefix runs that engine instead of the command's (several engines in one launch).
 """
 
 from __future__ import annotations
@@ -132,15 +133,18 @@ def main(argv: list[str]) -> None:
     if command == "ref":
         reference(ckpt, out)
         return
-    # MISTAKE or FAMILY:MISTAKE, with CKPT/FAMILY the checkpoints (llama: CKPT itself when it holds one)
+    # [ENGINE:][FAMILY:]MISTAKE (ENGINE: the command's by default), with CKPT/FAMILY the other checkpoints
     for item in argv[3].split(",") if len(argv) > 3 else ["none"]:
-        family, _, mistake = item.rpartition(":")
-        if mistake not in MISTAKES or (family and family not in FAMILIES):
-            raise SystemExit(f"unknown run {item!r}: expected [FAMILY:]MISTAKE, FAMILY in {FAMILIES}, MISTAKE in "
-                             f"{MISTAKES}")
+        parts = item.split(":")
+        engine = parts.pop(0) if parts[0] in ("hf", "torch") else command
+        mistake, family = parts[-1], parts[0] if len(parts) == 2 else ""
+        if mistake not in MISTAKES or (family and family not in FAMILIES) or len(parts) > 2 \
+                or engine not in ("hf", "torch"):
+            raise SystemExit(f"unknown run {item!r}: expected [ENGINE:][FAMILY:]MISTAKE, ENGINE hf or torch, "
+                             f"FAMILY in {FAMILIES}, MISTAKE in {MISTAKES}")
         source = ckpt / family if family else ckpt
-        name = f"{command}_{family}_{mistake}" if family else f"{command}_{mistake}"
-        (hf if command == "hf" else torch_tp)(source, out / name, mistake)
+        name = f"{engine}_{family}_{mistake}" if family else f"{engine}_{mistake}"
+        (hf if engine == "hf" else torch_tp)(source, out / name, mistake)
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
 
