@@ -2,7 +2,7 @@
 the declared-layout tests (``--shards``), and its one-process reference built from the same weights.
 
     python tests/distributed/plain_tp.py ref OUT
-    torchrun --nproc-per-node 2 tests/distributed/plain_tp.py tp OUTROOT [MISTAKE,...]
+    torchrun --nproc-per-node 2 tests/distributed/plain_tp.py tp OUTROOT [MISTAKE,...]   # or "ops": op-level capture
 
 Modules: a vocabulary-parallel embedding (rows of the table split over ranks, out-of-range tokens masked, the
 partial lookups all-reduced), a sequence-parallel norm (each rank normalises its slice of the sequence, then
@@ -18,6 +18,8 @@ import torch
 from torch import nn
 
 MISTAKES = ("none", "embedding_no_mask", "no_allreduce", "sp_no_gather")
+#: Clean runs captured another way: ``ops`` with op-level capture.
+VARIANTS = ("ops",)
 VOCAB, HIDDEN, FFN, SEQ = 32, 16, 32, 8
 SHARDS_RULES = """\
 # module path (without the root)   tensor slot: layout
@@ -126,9 +128,10 @@ def build() -> tuple[PlainTP, dict[str, torch.Tensor]]:
 def run(out: Path, mistake: str) -> None:
     import tracediff
 
-    model = PlainTP(mistake)
+    ops = mistake == "ops"
+    model = PlainTP("none" if ops else mistake)
     ids = (torch.arange(SEQ).reshape(1, SEQ) * 5) % VOCAB
-    with torch.no_grad(), tracediff.capture(model, out, ranks="all"):
+    with torch.no_grad(), tracediff.capture(model, out, ranks="all", ops=ops):
         model(ids)
 
 
@@ -139,8 +142,8 @@ def main(argv: list[str]) -> None:
         return
     torch.distributed.init_process_group("gloo")
     for mistake in argv[2].split(",") if len(argv) > 2 else ["none"]:
-        if mistake not in MISTAKES:
-            raise SystemExit(f"unknown mistake {mistake!r}: expected one of {', '.join(MISTAKES)}")
+        if mistake not in MISTAKES + VARIANTS:
+            raise SystemExit(f"unknown mistake {mistake!r}: expected one of {', '.join(MISTAKES + VARIANTS)}")
         run(out / f"plain_{mistake}", mistake)
     torch.distributed.destroy_process_group()
 

@@ -43,7 +43,7 @@ import tp_run  # noqa: E402
 
 HF_MISTAKES = ("none", "no_allreduce", "replica_differs", "swapped_shards", "qwen2:none", "qwen2:shard_differs")
 TORCH_MISTAKES = ("none", "no_allreduce", "shard_differs")
-PLAIN_MISTAKES = ("none", "embedding_no_mask", "no_allreduce", "sp_no_gather")
+PLAIN_MISTAKES = ("none", "embedding_no_mask", "no_allreduce", "sp_no_gather", "ops")
 
 
 def _torchrun(script: str, *args: str) -> str:
@@ -105,6 +105,14 @@ def test_the_capture_command_writes_a_multi_rank_folder_with_ranks_all(runs: Pat
     code, out, _ = run_cli(["align", str(runs / "plain_ref"), str(folder), "--shards", str(runs / "rules.txt")],
                            capsys)
     assert code == 0 and "PASSED" in out
+
+
+def test_op_nodes_of_a_sharded_run_are_left_out_not_judged(runs: Path) -> None:
+    """Op nodes hold each rank's own work (its vocabulary offset, its mask): no global tensor to rebuild."""
+    result = _align(runs, "plain_ops")
+    assert result.passed and _compared(result) >= 12 and not result.shard_findings
+    assert {u.module_path for u in result.unmatched_b} == set()
+    assert all(row.op is None for row in result.rows)
 
 
 def test_two_sharded_runs_align_with_each_other(runs: Path) -> None:

@@ -543,8 +543,7 @@ def _finish(
         "payload_bytes": encoder.payload_bytes,
         "verification": session.verification.to_dict() if session.verification is not None else None,
         "forward_parameters": forward_parameters(model),
-        "mesh": run.mesh,
-        "run_started": run.started,
+        **({"mesh": run.mesh, "run_started": run.started} if run.mesh is not None else {}),  # multi-rank only
     })
     session.metadata = metadata
     try:

@@ -1,6 +1,7 @@
 """A multi-rank run presented as one global trace: ``load_sharded`` and ``ShardedTrace``.
 
-The call tree is rank 0's (every rank must have made the same calls); each
+The call tree is rank 0's (every rank must have made the same calls; op nodes of an op-level capture are
+left out: they hold rank-local work, masks and offsets, with no global tensor to rebuild); each
 tensor record becomes the global tensor's record: its global shape, and a
 payload rebuilt from the ranks' shards when it is read
 (:func:`tracediff.sharding.layout.rebuild`), one tensor at a time. Where a
@@ -122,11 +123,12 @@ class ShardedTrace(Trace):
         reproduces ``other``'s value. One that fits nowhere stays unplaced and is listed (never compared)."""
         if self.ranks is None or len(self.ranks.mesh_shape) != 1:
             return
-        theirs = {(node.key, record.slot): record for node in other.nodes() for record in node.tensors}
+        theirs = {(node.key, node.op_index, record.slot): record for node in every_node(other)
+                  for record in node.tensors}
         for node in self.nodes():
             for i, record in enumerate(node.tensors):
                 placed = self.placed.get(record.order)
-                counterpart = theirs.get((node.key, record.slot))
+                counterpart = theirs.get((node.key, node.op_index, record.slot))
                 if placed is None or counterpart is None or counterpart.shape is None:
                     continue
                 if placed.layout is not None and placed.layout.source != _UNRECORDED:
@@ -188,6 +190,11 @@ class ShardedTrace(Trace):
             self._found.setdefault((order, finding.rank if finding.rank is not None else -1, finding.kind), finding)
 
 
+def every_node(trace: Trace) -> list[Node]:
+    """Every node of ``trace``, each module call followed by its op nodes (op-level capture)."""
+    return [each for node in trace.nodes() for each in (node, *node.ops)]
+
+
 def _unrecorded(trace: Trace, record: TensorRecord) -> bool:
     """True when ``record`` of a sharded ``trace`` has no layout of its own (a replica by shape only)."""
     if not isinstance(trace, ShardedTrace):
@@ -202,6 +209,9 @@ def load_sharded(path: str | Path, *, shards: ShardRules | None = None) -> Shard
     ``shards.check_used()`` refuses a rule that matched nothing)."""
     ranks = read_ranks(path)
     first = ranks.traces[0]
+    for trace_r in ranks.traces:  # op nodes hold rank-local work (masks, offsets): no global tensor to rebuild
+        for node in trace_r.nodes():
+            node.ops = []
     per_rank = [trace.nodes() for trace in ranks.traces]
     for rank, nodes in enumerate(per_rank[1:], start=1):
         if len(nodes) != len(per_rank[0]):
