@@ -38,6 +38,7 @@ if not torch.distributed.is_available() or not torch.distributed.is_gloo_availab
 HERE = Path(__file__).parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(HERE))
+import fsdp_run  # noqa: E402
 import plain_tp  # noqa: E402
 import tp_run  # noqa: E402
 
@@ -330,3 +331,29 @@ def test_ranks_whose_call_trees_differ_are_refused(runs: Path, tmp_path: Path, c
     err = _refused(capsys, str(runs / "ref"), str(folder))
     assert f"{folder}: rank 1's call LlamaForCausalLM.model.final_norm (call 0) differs from rank 0's " \
            "LlamaForCausalLM.model.norm (call 0): not one run of the same model" in err
+
+
+# --- training steps under FSDP2 ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def fsdp_runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("fsdp")
+    fsdp_run.run(root / "one", sharded=False)
+    _torchrun("fsdp_run.py", str(root), "fsdp", ",".join(fsdp_run.MISTAKES))
+    return root
+
+
+def test_fsdp_steps_compare_against_one_device_with_full_tensors(fsdp_runs: Path) -> None:
+    result = tracediff.compare_steps(fsdp_runs / "one", fsdp_runs / "fsdp_none")
+    assert result.passed and len(result.step_summaries) == 3
+    assert all(summary.compared >= 36 for summary in result.step_summaries)
+    record = json.loads((fsdp_runs / "fsdp_none" / "step=0" / "rank1.json").read_text())
+    grad = record["groups"]["grads"]["0.weight"]
+    assert grad["shape"] == [16, 8] and grad["placements"] == ["Shard(dim=0)"]  # gathered whole, on every rank
+
+
+def test_fsdp_gradients_not_divided_by_the_world_size_are_named(fsdp_runs: Path) -> None:
+    first = tracediff.compare_steps(fsdp_runs / "one", fsdp_runs / "fsdp_no_grad_average").first_divergence
+    assert first is not None and (first.step, first.rank, first.group, first.name) == (0, 0, "grads", "0.weight")
+
