@@ -1,7 +1,7 @@
 """Three training steps of a small MLP recorded by ``StepRecorder``: on one device, or sharded with FSDP2.
 
     python tests/distributed/fsdp_run.py OUT                                   # one device
-    torchrun --nproc-per-node 2 tests/distributed/fsdp_run.py OUTROOT fsdp [MISTAKE,...]
+    torchrun --nproc-per-node 2 tests/distributed/fsdp_run.py OUTROOT fsdp [MISTAKE,...]   # or "tp"
 
 Each MISTAKE (``none``, ``no_grad_average``: gradients summed over the ranks, not divided by the world
 size, as a hand-written reduction that forgets the division leaves them) is a fresh run into
@@ -20,6 +20,8 @@ import torch
 from torch import nn
 
 MISTAKES = ("none", "no_grad_average")
+#: Clean runs sharded another way: ``tp`` with torch's ``parallelize_module`` instead of FSDP2.
+VARIANTS = ("tp",)
 
 
 def run(out: Path, sharded: bool, mistake: str = "none") -> None:
@@ -29,7 +31,13 @@ def run(out: Path, sharded: bool, mistake: str = "none") -> None:
     np.random.seed(0)
     random.seed(0)
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
-    if sharded:
+    if sharded and mistake == "tp":  # tensor parallelism instead: the first linear by columns, the second by rows
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+        mesh = init_device_mesh("cpu", (torch.distributed.get_world_size(),))
+        parallelize_module(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    elif sharded:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
 
@@ -60,8 +68,8 @@ def main(argv: list[str]) -> None:
         return
     torch.distributed.init_process_group("gloo")
     for mistake in argv[2].split(",") if len(argv) > 2 else ["none"]:
-        if mistake not in MISTAKES:
-            raise SystemExit(f"unknown mistake {mistake!r}: expected one of {', '.join(MISTAKES)}")
+        if mistake not in MISTAKES + VARIANTS:
+            raise SystemExit(f"unknown mistake {mistake!r}: expected one of {', '.join(MISTAKES + VARIANTS)}")
         run(out / f"fsdp_{mistake}", sharded=True, mistake=mistake)
     torch.distributed.destroy_process_group()
 
