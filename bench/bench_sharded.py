@@ -7,7 +7,9 @@ layouts come from DTensors: zero options) is captured once in one process and on
 ``torchrun --nproc-per-node RANKS`` (gloo, CPU); then, side by side in one run, each case is aligned in a fresh
 process per repeat:
 
-* ``ref-vs-ref``: the reference against itself (the one-process baseline: every pair bitwise equal on disk);
+* ``ref-vs-ref``: the reference against itself (every pair bitwise equal on disk: the floor);
+* ``ref-vs-noisy``: against a one-process run whose weights are one float32 rounding away (every pair
+  close, none equal: the one-process cost of the same verdicts, Pearson correlations included);
 * ``ref-vs-sharded``: the reference against the multi-rank folder (every global tensor rebuilt from its
   shards, replicas checked across ranks).
 
@@ -111,12 +113,17 @@ def main() -> None:
     model = _model(args)
     with torch.no_grad(), tracediff.capture(model, args.out / "ref"):
         model(_input(args))
+    with torch.no_grad():  # the one-process run of another kernel: every value a rounding away, none equal
+        for param in model.parameters():
+            param.mul_(1 + 2 ** -23)
+    with torch.no_grad(), tracediff.capture(model, args.out / "noisy"):
+        model(_input(args))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
                     str(args.ranks), __file__, *sys.argv[1:], "--out", str(args.out)], env=env, check=True,
                    capture_output=True)
     ref, sharded = args.out / "ref", args.out / "sharded"
-    cases = {"ref-vs-ref": (ref, ref), "ref-vs-sharded": (ref, sharded)}
+    cases = {"ref-vs-ref": (ref, ref), "ref-vs-noisy": (ref, args.out / "noisy"), "ref-vs-sharded": (ref, sharded)}
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in cases}
     for _ in range(args.repeats):  # side by side: one run of each case per round
         for name, (a, b) in cases.items():

@@ -52,6 +52,8 @@ class ShardedTrace(Trace):
     placed: dict[int, Placed] = field(default_factory=dict, repr=False, compare=False)
     _found: dict[tuple[int, int, str], ShardFinding] = field(default_factory=dict, repr=False, compare=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+    # replicated records whose copies were checked alike across ranks: read from rank 0 alone afterwards
+    _checked: set[int] = field(default_factory=set, repr=False, compare=False)
 
     @property
     def world_size(self) -> int:
@@ -72,8 +74,13 @@ class ShardedTrace(Trace):
         if placed is None or placed.layout is None or self.ranks is None:
             raise PayloadError(f"{self.directory}: {record.slot}: {placed.reason if placed else 'not placed'}")
         ranks = self.ranks
+        if placed.layout.replicated and record.order in self._checked:  # read again (pcc, positions): one copy
+            return ranks.traces[0].load_payload(placed.shards[0])
         payload, differences = rebuild(placed.layout, lambda r: ranks.traces[r].load_payload(placed.shards[r]),
                                        self.world_size, ranks.coordinates)
+        if placed.layout.replicated:
+            with self._lock:
+                self._checked.add(record.order)
         for diff in differences:
             unrecorded = placed.layout.source == _UNRECORDED
             kind = "ranks_disagree" if unrecorded else "replica_differs"
