@@ -2,7 +2,7 @@
 the declared-layout tests (``--shards``), and its one-process reference built from the same weights.
 
     python tests/distributed/plain_tp.py ref OUT
-    torchrun --nproc-per-node 2 tests/distributed/plain_tp.py tp OUTROOT [MISTAKE,...]   # or "ops": op-level capture
+    torchrun --nproc-per-node 2 tests/distributed/plain_tp.py tp OUTROOT [MISTAKE,...]   # or "ops", "summary"
 
 Modules: a vocabulary-parallel embedding (rows of the table split over ranks, out-of-range tokens masked, the
 partial lookups all-reduced), a sequence-parallel norm (each rank normalises its slice of the sequence, then
@@ -18,8 +18,8 @@ import torch
 from torch import nn
 
 MISTAKES = ("none", "embedding_no_mask", "no_allreduce", "sp_no_gather")
-#: Clean runs captured another way: ``ops`` with op-level capture.
-VARIANTS = ("ops",)
+#: Clean runs captured another way: ``ops`` with op-level capture, ``summary`` with statistics only.
+VARIANTS = ("ops", "summary")
 VOCAB, HIDDEN, FFN, SEQ = 32, 16, 32, 8
 SHARDS_RULES = """\
 # module path (without the root)   tensor slot: layout
@@ -129,9 +129,10 @@ def run(out: Path, mistake: str) -> None:
     import tracediff
 
     ops = mistake == "ops"
-    model = PlainTP("none" if ops else mistake)
+    model = PlainTP("none" if mistake in VARIANTS else mistake)
     ids = (torch.arange(SEQ).reshape(1, SEQ) * 5) % VOCAB
-    with torch.no_grad(), tracediff.capture(model, out, ranks="all", ops=ops):
+    tensors = "summary" if mistake == "summary" else "full"
+    with torch.no_grad(), tracediff.capture(model, out, ranks="all", ops=ops, tensors=tensors):
         model(ids)
 
 

@@ -44,7 +44,7 @@ import tp_run  # noqa: E402
 
 HF_MISTAKES = ("none", "no_allreduce", "replica_differs", "swapped_shards", "qwen2:none", "qwen2:shard_differs")
 TORCH_MISTAKES = ("none", "no_allreduce", "shard_differs")
-PLAIN_MISTAKES = ("none", "embedding_no_mask", "no_allreduce", "sp_no_gather", "ops")
+PLAIN_MISTAKES = ("none", "embedding_no_mask", "no_allreduce", "sp_no_gather", "ops", "summary")
 
 
 def _torchrun(script: str, *args: str) -> str:
@@ -114,6 +114,15 @@ def test_op_nodes_of_a_sharded_run_are_left_out_not_judged(runs: Path) -> None:
     assert result.passed and _compared(result) >= 12 and not result.shard_findings
     assert {u.module_path for u in result.unmatched_b} == set()
     assert all(row.op is None for row in result.rows)
+
+
+def test_a_sharded_capture_of_statistics_only_is_compared_on_the_slices_combined_statistics(runs: Path) -> None:
+    result = _align(runs, "plain_summary")
+    assert result.passed
+    up = next(r for r in result.rows if r.module_path_b == "PlainTP.mlp.up" and r.tensor == "outputs")
+    assert up.approximate and up.status in ("identical", "close") and up.shape_b == (1, plain_tp.SEQ, plain_tp.FFN)
+    partial = next(r for r in result.rows if r.module_path_b == "PlainTP.mlp.down" and r.tensor == "outputs")
+    assert partial.status == "no_data"  # a partial sum's statistics are not those of its parts
 
 
 def test_two_sharded_runs_align_with_each_other(runs: Path) -> None:
@@ -366,3 +375,17 @@ def test_tensor_parallel_steps_compare_against_one_device_within_reordered_sums(
     record = json.loads((fsdp_runs / "fsdp_tp" / "step=1" / "rank0.json").read_text())
     assert record["groups"]["params"]["2.weight"]["placements"] == ["Shard(dim=1)"]
 
+
+
+def test_the_statistics_of_slices_combine_into_the_whole_tensors() -> None:
+    """Against tensor_stats of the whole tensor (float64 data: the combination is exact but for rounding)."""
+    from tracediff.capturing.stats import tensor_stats
+    from tracediff.sharding.stats import combined_stats
+
+    whole = torch.linspace(-3, 5, 7 * 6, dtype=torch.float64).reshape(7, 6)
+    whole[2, 3], whole[5, 0], whole[6, 5] = float("nan"), float("inf"), 0.0
+    parts = [tensor_stats(part) for part in (whole[:, :1], whole[:, 1:4], whole[:, 4:])]
+    combined, expected = combined_stats(parts), tensor_stats(whole)
+    assert set(combined) == set(expected)
+    for key, value in expected.items():
+        assert combined[key] == pytest.approx(value, rel=1e-12, abs=1e-12), key

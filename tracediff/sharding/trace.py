@@ -25,6 +25,7 @@ from ..trace.model import Node, TensorRecord
 from .findings import ShardFinding
 from .folder import RankSet, read_ranks
 from .layout import Layout, global_shape, parse_layout, rebuild, shard_spans
+from .stats import combined_stats
 
 if TYPE_CHECKING:
     from ..trace.payload import Payload
@@ -270,5 +271,7 @@ def _placed_record(trace: ShardedTrace, ranks: RankSet, node: Node, record: Tens
                                f"{list(layout.global_shape)}: its shards make {list(shape)}")
     trace.placed[record.order] = Placed(layout, shards, node)
     payload = record.payload if all(shard.has_payload for shard in shards) else None
-    stats = record.stats if layout.replicated else {}
+    # a capture without payloads is compared on these: a replica's own, or the slices' combined; a sum's unknown
+    stats = record.stats if layout.replicated else {} if layout.partial else \
+        combined_stats([shard.stats for shard in shards])
     return replace(record, shape=shape, payload=payload, stats=stats)
