@@ -1,8 +1,8 @@
 """The package's layers, read from the import statements of every module (module level and inside functions).
 
 The folders draw the pipeline, and imports only go down it: cli -> demo -> render -> replaying / steps / show
--> alignment -> compare / maps -> capturing / importers -> trace -> files -> the base (``format``, ``errors``,
-``display``, ``_version``). The core never imports the command line or a renderer: ``Alignment.to_html()``
+-> alignment -> sharding / compare / maps -> capturing / importers -> trace -> files -> the base (``format``,
+``errors``, ``display``, ``_version``). The core never imports the command line or a renderer: ``Alignment.to_html()``
 reaches the renderer through the registry in ``tracediff.display``, which the render package fills. Inside
 ``alignment``, pairing (which call and tensor pairs with which) and verdicts (what the measured rows mean)
 do not import each other.
@@ -20,7 +20,7 @@ import tracediff
 PACKAGE_ROOT = Path(tracediff.__file__).parent
 
 # Each layer and the layers it may import (besides itself).
-_CORE_BELOW_ALIGNMENT = {"base", "files", "trace", "maps", "compare"}
+_CORE_BELOW_ALIGNMENT = {"base", "files", "trace", "maps", "compare", "sharding"}
 ALLOWED: dict[str, set[str]] = {
     "base": set(),
     "files": {"base"},
@@ -29,6 +29,7 @@ ALLOWED: dict[str, set[str]] = {
     "importers": {"base", "files", "trace"},
     "maps": {"base", "files", "trace"},
     "compare": {"base", "files", "trace"},
+    "sharding": {"base", "files", "trace"},
     "alignment": _CORE_BELOW_ALIGNMENT,
     "show": {"base", "files", "trace"},
     "steps": {"base", "files", "trace", "capturing", "compare"},
@@ -39,7 +40,7 @@ ALLOWED: dict[str, set[str]] = {
             "demo"},
     "entry": {*_CORE_BELOW_ALIGNMENT, "capturing", "importers", "alignment", "show", "steps", "replaying", "cli"},
 }
-CORE = {"base", "files", "trace", "capturing", "importers", "maps", "compare", "alignment", "show", "steps",
+CORE = {"base", "files", "trace", "capturing", "importers", "maps", "compare", "sharding", "alignment", "show", "steps",
         "replaying"}
 BASE_MODULES = {"errors", "format", "display", "_version"}
 #: Inside alignment: what each part may import of the others (besides itself).

@@ -33,7 +33,7 @@ from .errors import TraceFormatError
 
 #: ``"MAJOR.MINOR"``. A reader refuses a newer MAJOR and ignores what it does not know within a MAJOR.
 #: Traces of tracediff 0.1 carry the integer ``1``, read as ``"1.0"``.
-FORMAT_VERSION = "1.3"
+FORMAT_VERSION = "1.4"
 
 # --- files --------------------------------------------------------------------------------------------------
 
@@ -64,6 +64,10 @@ PAYLOAD_KEY = "data"
 PAYLOAD_REFERENCE_PREFIX = "./"
 #: ``ranks="all"`` writes one trace per rank into ``{out}/rank{r}``.
 RANK_FOLDER_PREFIX = "rank"
+#: The manifest of a multi-rank folder (``ranks="all"`` with more than one rank), beside its ``rank{r}/`` folders.
+RANKS_FILE = "tracediff_ranks.json"
+#: The manifest's keys, in the order written. ``ranks``: the rank folders' names, rank 0 first.
+RANKS_KEYS = ("format_version", "tracediff_version", "world_size", "ranks", "mesh", "run_started", "model_name")
 TRACE_FILE_SUFFIXES = (PAYLOAD_SUFFIX, FULL_SUFFIX, SUMMARY_SUFFIX)
 SCHEMA_FILE = "trace_schema.json"
 #: The ``options`` key of a trace written by ``tracediff import``: ``{"kind", "source", ...}`` of the dump it came from.
@@ -221,6 +225,23 @@ DTENSOR = "dtensor"
 DTENSOR_GLOBAL_SHAPE = "global_shape"
 DTENSOR_PLACEMENTS = "placements"
 DTENSOR_RECORDED = "recorded"
+#: A tensor's distributed layout (tracediff, ``ranks="all"``): one placement per mesh dimension, where it came from.
+LAYOUT = "layout"
+LAYOUT_PLACEMENTS = "placements"
+LAYOUT_SOURCE = "source"
+LAYOUT_GLOBAL_SHAPE = "global_shape"
+LAYOUT_STYLE = "style"
+#: ``source`` of a layout: a DTensor's own placements, the parallel style of the module that took or made the
+#: tensor, or a rule of a ``--shards`` file (never written into a trace; a reader applies it).
+LAYOUT_SOURCES = ("dtensor", "style", "declared")
+#: Placement codes: replicated, sharded along tensor dim d (``S(-1)``: the last), a partial sum.
+REPLICATE = "R"
+PARTIAL = "P"
+_SHARD_CODE = re.compile(r"S\((-?\d+)\)")
+#: The ``mesh`` of a rank's metadata and of the manifest: its ``shape``, dimension names, this rank's coordinates.
+MESH_SHAPE = "shape"
+MESH_DIM_NAMES = "dim_names"
+MESH_COORDINATES = "coordinates"
 #: Statistics as ``repr()`` strings (``"tensor(0.0123)"``), as transformers' debugger writes them.
 STRING_STAT_KEYS = ("mean", "std", "min", "max")
 #: Statistics as JSON numbers under ``stats`` (tracediff only).
@@ -248,6 +269,7 @@ METADATA_KEYS = (
     FORMAT_VERSION_KEY, PRODUCER_KEY, "torch_version", "python_version", "transformers_version", "model_class",
     "model_name", "devices", "dtypes", "world_size", "rank", "created", "options", COMPLETE_KEY, ERROR,
     "capture_failure", "calls", "payload_files", "payload_bytes", "verification", "forward_parameters",
+    "mesh", "run_started",
 )
 FORWARD_PARAMETERS = "forward_parameters"
 
@@ -392,6 +414,53 @@ def tensor_entry(
 def dtensor_entry(global_shape: list[int], placements: list[str], recorded: str) -> dict[str, Any]:
     """The ``dtensor`` object of a DTensor's entry; ``recorded`` is ``"local"`` (the shard) or ``"full"``."""
     return {DTENSOR_GLOBAL_SHAPE: global_shape, DTENSOR_PLACEMENTS: placements, DTENSOR_RECORDED: recorded}
+
+
+def shard_code(dim: int) -> str:
+    """The placement code of a tensor sharded along ``dim``: ``"S(0)"``, ``"S(-1)"``."""
+    return f"S({dim})"
+
+
+def parse_placement(code: Any) -> tuple[str, int | None] | None:
+    """``("R", None)``, ``("P", None)`` or ``("S", dim)`` for a placement code; None when it is not one."""
+    if code in (REPLICATE, PARTIAL):
+        return code, None
+    match = _SHARD_CODE.fullmatch(code) if isinstance(code, str) else None
+    return ("S", int(match.group(1))) if match else None
+
+
+def layout_entry(placements: list[str], source: str, *, global_shape: list[int] | None = None,
+                 style: str | None = None) -> dict[str, Any]:
+    """The ``layout`` object of a tensor entry: placement codes (one per mesh dimension) and their ``source``."""
+    entry: dict[str, Any] = {LAYOUT_PLACEMENTS: placements, LAYOUT_SOURCE: source}
+    if global_shape is not None:
+        entry[LAYOUT_GLOBAL_SHAPE] = global_shape
+    if style is not None:
+        entry[LAYOUT_STYLE] = style
+    return entry
+
+
+def mesh_entry(shape: list[int], dim_names: list[str], coordinates: list[int] | None = None) -> dict[str, Any]:
+    """The ``mesh`` object: the device mesh's shape, its dimension names, and (per rank) this rank's coordinates."""
+    entry: dict[str, Any] = {MESH_SHAPE: shape, MESH_DIM_NAMES: dim_names}
+    if coordinates is not None:
+        entry[MESH_COORDINATES] = coordinates
+    return entry
+
+
+def ranks_entry(fields: Mapping[str, Any]) -> dict[str, Any]:
+    """The manifest object of a multi-rank folder, keys in ``RANKS_KEYS`` order, ``format_version`` first."""
+    unknown = sorted(set(fields) - set(RANKS_KEYS))
+    if unknown:
+        raise ValueError(f"manifest keys not in the trace format: {', '.join(unknown)}")
+    entry = {FORMAT_VERSION_KEY: FORMAT_VERSION}
+    entry.update((key, fields[key]) for key in RANKS_KEYS if key in fields and key != FORMAT_VERSION_KEY)
+    return entry
+
+
+def rank_folder(rank: int) -> str:
+    """The folder of rank ``rank``'s trace in a multi-rank folder: ``rank{r}``."""
+    return f"{RANK_FOLDER_PREFIX}{rank}"
 
 
 def is_tensor_entry(obj: Any) -> bool:

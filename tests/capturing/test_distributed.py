@@ -70,11 +70,14 @@ def test_default_records_rank_0_only(two_ranks: Path) -> None:
 
 def test_ranks_all_writes_one_folder_per_rank(two_ranks: Path) -> None:
     folder = two_ranks / "all"
-    assert {p.name for p in folder.iterdir()} == {"rank0", "rank1"}
+    assert {p.name for p in folder.iterdir()} == {"rank0", "rank1", "tracediff_ranks.json"}
+    manifest = json.loads((folder / "tracediff_ranks.json").read_text())
+    assert (manifest["world_size"], manifest["ranks"]) == (2, ["rank0", "rank1"])
     x = torch.randn(2, 4, generator=torch.Generator().manual_seed(1))
     for rank in (0, 1):
         meta = metadata(folder / f"rank{rank}")
         assert (meta["rank"], meta["world_size"], meta["complete"]) == (rank, 2, True)
+        assert meta["run_started"] == manifest["run_started"]
         assert meta["options"]["ranks"] == "all"
         recorded = payload(folder / f"rank{rank}", trace_json(folder / f"rank{rank}")["inputs"]["args"][0])
         assert torch.equal(recorded, x + rank)

@@ -45,6 +45,7 @@ from ..compare.records import compare_records
 from ..compare.tolerance import Tolerance, TolerancePolicy
 from ..errors import UsageError
 from ..maps.rules import _UNSET, MapSpec, map_argument, read_map
+from ..sharding import ShardedTrace, ShardRules, is_multi_rank, load_sharded, read_rules
 from ..trace.load import Trace, load_trace
 from ..trace.model import Node, TensorRecord
 from .decode_steps import restrict_steps, set_steps, step_count, summarize_steps
@@ -55,6 +56,7 @@ from .pairing.plan import Plan, plan_pairs
 from .pairing.unrecorded import carry_origin, mark_unrecorded_origin
 from .result import Alignment, Job, TensorComparison, Unmatched
 from .rows import RowDraft, draft_row, freeze_rows
+from .sharded import findings, name_ranks, place_unrecorded
 from .token_choices import compare_tokens
 from .verdicts.apply import check_ignore, judge
 from .verdicts.arguments import diff_arguments
@@ -67,9 +69,11 @@ _ELEMENT_BYTES = {"float64": 8, "int64": 8, "complex64": 8, "float32": 4, "int32
                   "bfloat16": 2, "int16": 2}
 
 
-def _load_sides(a: TraceLike, b: TraceLike, baseline: TraceLike | None) -> tuple[Trace, Trace, Trace | None]:
+def _load_sides(a: TraceLike, b: TraceLike, baseline: TraceLike | None, shards: ShardRules | None = None
+                ) -> tuple[Trace, Trace, Trace | None]:
     """The traces of an alignment. A folder or file named twice (``align T T``, a baseline that is A) is read
-    once: the alignment only reads a trace, never changes it."""
+    once: the alignment only reads a trace, never changes it. A multi-rank folder is read as its global trace
+    (:mod:`tracediff.sharding`), with the declared layouts ``shards``."""
     loaded: dict[Path, Trace] = {}
 
     def get(value: TraceLike) -> Trace:
@@ -80,10 +84,15 @@ def _load_sides(a: TraceLike, b: TraceLike, baseline: TraceLike | None) -> tuple
         except (OSError, ValueError, RuntimeError):  # a NUL byte, a symlink loop: load_trace says what is wrong
             return load_trace(value)
         if key not in loaded:
-            loaded[key] = load_trace(value)
+            loaded[key] = load_sharded(value, shards=shards) if is_multi_rank(value) else load_trace(value)
         return loaded[key]
 
-    return get(a), get(b), (get(baseline) if baseline is not None else None)
+    sides = get(a), get(b), (get(baseline) if baseline is not None else None)
+    if shards is not None:
+        if not any(isinstance(side, ShardedTrace) for side in sides):
+            raise UsageError(f"{shards.source}: declared layouts need a multi-rank trace; neither trace is one")
+        shards.check_used()
+    return sides
 
 
 def align(
@@ -102,6 +111,7 @@ def align(
     rename: MapSpec = _UNSET,
     step: int | None = None,
     logits: str | Sequence[str] | None = None,
+    shards: str | Path | ShardRules | None = None,
 ) -> Alignment:
     """Compare trace ``b`` against the reference trace ``a``.
 
@@ -147,6 +157,10 @@ def align(
         logits: module-path globs whose outputs are logits (``"lm_head"``),
             judged by KL, top-k agreement and argmax flips besides the root's
             ``outputs.logits``; see :mod:`tracediff.alignment.lm_verdicts`.
+        shards: declared layouts for multi-rank traces whose tensors were recorded without one: the path of a
+            ``--shards`` rules file, or its parsed ``ShardRules`` (see :mod:`tracediff.sharding.rules`). A
+            multi-rank folder (``rank{r}/`` and ``tracediff_ranks.json``) is read as one global trace either
+            way (:mod:`tracediff.sharding`). Default: none.
 
     Returns:
         An ``Alignment``: truthy when every compared tensor is within tolerance.
@@ -155,7 +169,9 @@ def align(
         raise UsageError(f"noise_factor={noise_factor!r}: expected a number >= 1")
     ignore_rules = check_ignore(ignore)
     logits_patterns = check_logits_patterns(logits)
-    trace_a, trace_b, trace_n = _load_sides(a, b, baseline)
+    shard_rules = shards if isinstance(shards, ShardRules) or shards is None else read_rules(shards)
+    trace_a, trace_b, trace_n = _load_sides(a, b, baseline, shard_rules)
+    place_unrecorded(trace_a, trace_b)
     step_counts = (step_count(trace_a), step_count(trace_b))
     trace_a, trace_b, step_note = restrict_steps(trace_a, trace_b, step)
     rename_map = read_map(map_argument(map, rename))
@@ -211,6 +227,7 @@ def align(
         logits_verdicts = annotate_rows(drafts, jobs, trace_a, trace_b, logits=logits_patterns, run=run)
     rows = freeze_rows(drafts)  # decided: from here on every row is a frozen TensorComparison
     del drafts
+    name_ranks(rows, jobs, trace_a, trace_b)  # sharded traces: whose shard first goes out of tolerance
 
     warnings = policy.unused_pattern_warnings(n.relative_path for nodes in (matching.nodes_b, matching.nodes_a)
                                               for n in nodes)
@@ -249,6 +266,7 @@ def align(
         importer_a=trace_a.importer, importer_b=trace_b.importer,
         steps=steps, logits=logits_verdicts, tokens=compare_tokens(trace_a, trace_b), position_strip=strip,
         payloads_expected=_holds_payloads(trace_a) and _holds_payloads(trace_b),
+        shard_findings=findings(trace_a, trace_b),
     )
 
 

@@ -58,6 +58,9 @@ kl_max ... flip_margin logits rows: the largest KL per position, top-1/5/10
                        agreement, argmax flips and the reference's top-2
                        margin at the first flip (see
                        :mod:`tracediff.alignment.lm_verdicts`)
+rank                   a sharded trace (:mod:`tracediff.sharding`): the rank
+                       whose shard first holds an element out of tolerance
+                       (None: not sharded, replicated, a partial sum)
 =====================  ========================================================
 """
 
@@ -70,6 +73,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 if TYPE_CHECKING:
     import pandas as pd
 
+    from ..sharding.findings import ShardFinding
     from .lm_results import LogitsVerdict, PositionStrip, StepAlignment, TokenAlignment
 
 from ..display import renderer_for, short_repr, summary_html
@@ -148,6 +152,8 @@ class TensorComparison:
     top10_agreement: float | None = None
     argmax_flips: int | None = None
     flip_margin: float | None = None
+    # a sharded trace (tracediff.sharding): the rank whose shard first goes out of tolerance
+    rank: int | None = None
 
     @property
     def call_index_a(self) -> int:
@@ -291,17 +297,20 @@ class Alignment:
     tokens: TokenAlignment | None = None  # generated tokens: where B would have chosen another token than A
     position_strip: PositionStrip | None = None  # the first divergence's error at each token position
     payloads_expected: bool = False  # both traces hold payloads: rows from statistics alone are not evidence
+    # multi-rank traces: replicas the ranks disagree on (these fail the verdict) and tensors left unplaced
+    shard_findings: tuple[ShardFinding, ...] = ()
 
     @property
     def verdict(self) -> str:
-        """``"passed"``, ``"diverged"`` (a tensor out of tolerance or unreadable) or ``"undecided"``.
+        """``"passed"``, ``"diverged"`` (a tensor out of tolerance or unreadable, or ranks that disagree on a
+        replica) or ``"undecided"``.
 
         A verdict needs evidence: an alignment that compared no tensor, or only
         statistics where both traces hold payloads, or that ends where an
         incomplete trace ends (unless ``align(..., allow_incomplete=True)``), is
         undecided, never passed; :attr:`reason` says why.
         """
-        if self._tally.diverged or self._tally.unreadable:
+        if self._tally.diverged or self._tally.unreadable or any(f.failing for f in self.shard_findings):
             return "diverged"
         return "undecided" if self.reason is not None else "passed"
 
@@ -462,6 +471,7 @@ class Alignment:
             "logits": [verdict.to_dict() for verdict in self.logits],
             "tokens": self.tokens.to_dict() if self.tokens is not None else None,
             "position_strip": self.position_strip.to_dict() if self.position_strip is not None else None,
+            "shard_findings": [finding.to_dict() for finding in self.shard_findings],
         }
 
 

@@ -36,6 +36,7 @@ from ..format import as_json, is_json_safe
 from .compat import _tensor_lines, sanitize_repr
 from .device_stats import DeviceStats, measured_on_device
 from .distributed import dtensor_layout, is_dtensor
+from .parallel_layouts import dtensor_layout as dtensor_placements
 from .pipeline import Measure, PayloadPipeline
 from .stats import FLOAT_DTYPES, StatsBuffers, fill_entry_stats, placeholder_strings, string_fields, tensor_stats
 
@@ -115,16 +116,19 @@ class Encoder:
         seen = self._seen.get(id(value))
         if seen is not None and seen[0]() is value and seen[1] == value._version:
             return seen[2]
-        layout = None
+        layout = placements = None
         tensor = value
         if is_dtensor(value):
             layout = dtensor_layout(value, full=self.full_dtensor)
+            placements = dtensor_placements(value, full=self.full_dtensor)
             dtensor: Any = value  # a DTensor: torch's stubs do not know it is a Tensor subclass
             tensor = dtensor.full_tensor() if self.full_dtensor else dtensor._local_tensor
         tensor = tensor.detach()
         entry = self._describe(tensor, name)
         if layout is not None:
             entry[fmt.DTENSOR] = layout
+        if placements is not None:
+            entry[fmt.LAYOUT] = placements
         key = id(value)
 
         def forget(_ref: weakref.ref[torch.Tensor], key: int = key) -> None:

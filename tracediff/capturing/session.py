@@ -36,7 +36,7 @@ import sys
 import warnings
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -54,11 +54,12 @@ from ._tree import prune_intermediate_layers, trace_file_names
 from .backward import BackwardRecorder
 from .compat import sanitize_repr
 from .decode_steps import StepTracker, parse_steps
-from .distributed import current_rank, world_size
+from .distributed import current_rank, run_start, versioned_collectives, world_size
 from .encode import Encoder, TensorMode
 from .journal import Journal, claim_folder, held_claim
 from .kv_cache import with_cache_layer
 from .ops import op_capture, select_ops
+from .parallel_layouts import mark, model_mesh, style_layouts
 from .pipeline import DEFAULT_POOL_MB, check_pipeline_options, close_pipeline, payload_pipeline
 from .signals import termination_as_interrupt
 from .signatures import forward_parameters
@@ -117,6 +118,8 @@ class _NativeRecorder:
         self._rng_at_root: Any = None
         self.journal: Journal | None = None  # calls started and finished, for a process that dies (journal.py)
         self.steps: StepTracker | None = None  # the decode step of each top-level call made by generate
+        # id(module) -> the placements its TP style implies for args[0] and the output (parallel_layouts.py)
+        self.styles: dict[int, tuple[str | None, str | None, str]] = {}
 
     def enter(self, module: nn.Module, path: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         call_index = self.counts[path]
@@ -133,6 +136,9 @@ class _NativeRecorder:
         if args:
             name = fmt.payload_name(fmt.payload_name(prefix, fmt.INPUTS), fmt.ARGS)
             inputs[fmt.ARGS] = [self._encode(arg, fmt.payload_name(name, i)) for i, arg in enumerate(args)]
+            style = self.styles.get(id(module)) if self.styles else None
+            if style is not None:
+                mark(inputs[fmt.ARGS][0], style[0], style[2])
         if kwargs:
             name = fmt.payload_name(fmt.payload_name(prefix, fmt.INPUTS), fmt.KWARGS)
             recorded = with_cache_layer(module, kwargs)  # the cache as the tensors this call reads
@@ -142,11 +148,14 @@ class _NativeRecorder:
         if self.journal is not None:
             self.journal.entered(node, self.stack[-1] if self.stack else None)
         self.stack.append(node)
-        return (node, prefix, args, kwargs)
+        return (node, prefix, args, kwargs, module)
 
     def exit(self, token: Any, output: Any) -> None:
-        node, prefix, args, kwargs = token
+        node, prefix, args, kwargs, _ = token
         node[fmt.OUTPUTS] = self._encode(output, fmt.payload_name(prefix, fmt.OUTPUTS))
+        style = self.styles.get(id(token[4])) if self.styles else None
+        if style is not None:
+            mark(node[fmt.OUTPUTS], style[1], style[2])
         if node[fmt.MODULE_PATH] == self.model_name and self.root_call is None:
             self.root_call = (args, kwargs, output, self._rng_at_root)
         self._raised_in_call = None  # a call returned: any exception raised before was caught by the model
@@ -351,6 +360,12 @@ def capture(
     encoder = Encoder(folder, tensors, full_dtensor=full_dtensor, pipeline=pipeline)
     bar = _progress_bar(progress)
     recorder = _NativeRecorder(model, encoder, bar)
+    started = _dt.datetime.now(_dt.timezone.utc)
+    sharded = ranks == "all" and world > 1
+    run = _RunIdentity(started.isoformat(timespec="seconds"), None)
+    if sharded:
+        run = _sharded_run(model, out, run.started, rank, world, type(model).__name__)
+        recorder.styles = style_layouts(model, run.mesh)
     recorder.journal = Journal(folder)
     recorder.steps = StepTracker(model, encoder, selected_steps, fail=recorder.stopped, forcing=forcing)
     op_recorder = op_capture(recorder, op_selection)
@@ -362,7 +377,6 @@ def capture(
                "ops": op_recorder.selection.to_dict() if op_recorder else None,
                "payload_pipeline": pipeline.options if pipeline is not None else None,
                fmt.TEACHER_FORCING_OPTION: forcing_option(forcing)}
-    started = _dt.datetime.now(_dt.timezone.utc)
     raised = False
     quiet = warnings.catch_warnings()
     if backward:
@@ -374,7 +388,8 @@ def capture(
         recorder.steps.install()
         if op_recorder is not None:
             op_recorder.start()
-        with termination_as_interrupt():  # SIGTERM/SIGHUP end the forward as Ctrl-C does: partial trace kept
+        # SIGTERM/SIGHUP end the forward as Ctrl-C does: partial trace kept
+        with termination_as_interrupt(), versioned_collectives() if sharded else nullcontext():
             yield session
     except BaseException:
         raised = True
@@ -395,7 +410,7 @@ def capture(
         if verify and not raised and recorder.root_call is not None and recorder.failure is None:
             session.verification = _verify(model, recorder.root_call)
         try:
-            _finish(session, recorder, model, options, started, rank, world)
+            _finish(session, recorder, model, options, started, rank, world, run)
         finally:
             written = recorder.tree is None or (folder / fmt.trace_file_names(recorder.model_name)[0]).is_file()
             recorder.journal.close() if not written else recorder.journal.remove()  # kept when no trace JSON
@@ -403,6 +418,32 @@ def capture(
                 claim.release()
     if recorder.failure is not None:
         raise recorder.failure
+
+
+@dataclass(frozen=True)
+class _RunIdentity:
+    """What every rank of one run records alike: rank 0's start time and the device mesh (None: one process)."""
+
+    started: str
+    mesh: dict[str, Any] | None
+
+
+def _sharded_run(model: nn.Module, out: Path, started: str, rank: int, world: int, model_name: str) -> _RunIdentity:
+    """The identity of a multi-rank capture; rank 0 writes the folder's manifest (``tracediff_ranks.json``).
+
+    Every rank takes part in one broadcast (rank 0's start time). A model without DTensors gets a 1-D mesh
+    named ``world`` over all ranks.
+    """
+    shared = run_start(started)
+    mesh = model_mesh(model) or fmt.mesh_entry([world], ["world"], [rank])
+    if rank == 0:
+        manifest_mesh = {k: v for k, v in mesh.items() if k != fmt.MESH_COORDINATES}
+        write_json(out / fmt.RANKS_FILE, fmt.ranks_entry({
+            "tracediff_version": __version__, "world_size": world,
+            "ranks": [fmt.rank_folder(r) for r in range(world)], "mesh": manifest_mesh,
+            "run_started": shared, "model_name": model_name,
+        }))
+    return _RunIdentity(shared, mesh)
 
 
 def _pass_through(
@@ -468,6 +509,7 @@ def _finish(
     started: _dt.datetime,
     rank: int,
     world: int,
+    run: _RunIdentity,
 ) -> None:
     encoder = recorder.encoder
     close_pipeline(recorder, options)
@@ -501,6 +543,7 @@ def _finish(
         "payload_bytes": encoder.payload_bytes,
         "verification": session.verification.to_dict() if session.verification is not None else None,
         "forward_parameters": forward_parameters(model),
+        **({"mesh": run.mesh, "run_started": run.started} if run.mesh is not None else {}),  # multi-rank only
     })
     session.metadata = metadata
     try:

@@ -21,7 +21,7 @@ import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 import torch
 from torch import nn
@@ -239,6 +239,7 @@ def capture_spec(
     max_new_tokens: int | None = None,
     steps: str | Sequence[int] | None = None,
     teacher_forcing: str | Path | None = None,
+    ranks: Literal["all"] | int = 0,
 ) -> CaptureSession:
     """Load a SPEC, optionally replace its inputs, and capture one forward under ``torch.no_grad()``.
 
@@ -269,10 +270,17 @@ def capture_spec(
     reference is checked before the model is built, and its prompt and
     vocabulary against the model's before anything is captured.
 
+    ``ranks`` is ``capture``'s: under torchrun, ``"all"`` has every rank write
+    ``out_dir/rank{r}`` (the SPEC's function sets up the process group and
+    the parallel model); the rank folders are then checked and taken by the
+    capture itself, each by its own rank.
+
     The output folder is checked before the model is built, and an earlier
     trace in it is replaced only once the model and its inputs are ready.
     """
-    check_out_dir(Path(out_dir), overwrite=overwrite)
+    every_rank = ranks == "all"
+    if not every_rank:
+        check_out_dir(Path(out_dir), overwrite=overwrite)
     if not generate and (steps is not None or max_new_tokens is not None):
         raise UsageError("steps and max_new_tokens concern the forward passes of model.generate: add generate=True "
                          "(--generate)")
@@ -286,7 +294,7 @@ def capture_spec(
     forcing = read_reference_tokens(teacher_forcing) if teacher_forcing is not None else None
     parse_dtype(dtype), parse_device(device)  # a bad --dtype/--device fails before the model is built
     # Taken now, held until the capture ends: a second capture into the folder meanwhile is refused.
-    claim = claim_folder(Path(out_dir), overwrite=overwrite)
+    claim = claim_folder(Path(out_dir), overwrite=overwrite) if not every_rank else None
     try:
         model, example = load_spec(spec)
         if generate and not callable(getattr(model, "generate", None)):
@@ -300,7 +308,8 @@ def capture_spec(
             check_forcing_model(forcing, model)
             check_forcing_prompt(forcing, prompt_ids(args, kwargs))
     except BaseException:
-        claim.release()
+        if claim is not None:
+            claim.release()
         raise
     session = None
     grad_mode = torch.enable_grad() if backward else torch.no_grad()
@@ -309,7 +318,7 @@ def capture_spec(
                                 verify=verify, prune_layers=prune_layers, backward=backward,
                                 progress=progress, ops=ops, ops_exclude=ops_exclude, ops_in=ops_in,
                                 ops_min_numel=ops_min_numel, writers=writers, pool_mb=pool_mb,
-                                steps=steps, teacher_forcing=teacher_forcing) as session:
+                                steps=steps, teacher_forcing=teacher_forcing, ranks=ranks) as session:
             if generate:
                 extra = {"max_new_tokens": max_new_tokens} if max_new_tokens is not None else {}
                 output = cast(Any, model).generate(*args, **kwargs, **extra)
@@ -334,5 +343,6 @@ def capture_spec(
         raise CaptureSpecError(f"{spec}: the forward raised {what} in {where}: {_first_line(e)}; "
                                f"the partial trace is in {session.trace_dir}") from e
     finally:
-        claim.release()  # already released by capture() unless it failed before taking it over
+        if claim is not None:
+            claim.release()  # already released by capture() unless it failed before taking it over
     return session

@@ -11,8 +11,9 @@ if TYPE_CHECKING:
 
 
 def add_alignment_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("a", metavar="A", help="reference trace folder (or its JSON file), or a dump that "
-                                               "`tracediff import` recognises (imported on the fly)")
+    parser.add_argument("a", metavar="A", help="reference trace folder (or its JSON file), a multi-rank folder "
+                                               "(rank{r}/ of one sharded run, read as its global trace), or a dump "
+                                               "that `tracediff import` recognises (imported on the fly)")
     parser.add_argument("b", metavar="B", help="trace folder (or dump) to check")
     parser.add_argument("--atol", action="append", metavar="F|PATTERN=F",
                         help="absolute tolerance, global or per module-path glob (repeatable)")
@@ -39,6 +40,10 @@ def add_alignment_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--logits", action="append", metavar="PATTERN",
                         help="module-path glob whose outputs are logits (repeatable), judged by KL, top-k agreement "
                              "and argmax flips like the model's outputs.logits, e.g. 'lm_head'")
+    parser.add_argument("--shards", metavar="RULES",
+                        help="declared layouts for multi-rank traces whose tensors carry none (engines without "
+                             "DTensors): lines such as 'layers.*.self_attn.q_proj outputs: dim -1 over tp' or "
+                             "'layers.*.mlp.down_proj outputs: partial over tp' (see docs/distributed.md)")
     parser.add_argument("--allow-incomplete", action="store_true",
                         help="judge only what both traces hold when one is incomplete (its forward raised, or its "
                              "capture was interrupted or killed); without it an incomplete trace exits 1")
@@ -61,7 +66,8 @@ def _verdict_options(args: argparse.Namespace) -> dict[str, Any]:
     """``baseline``, ``noise_factor`` and ``ignore`` as given; the library's defaults otherwise."""
     options: dict[str, Any] = {"baseline": args.baseline, "ignore": args.ignore,
                                   "allow_incomplete": getattr(args, "allow_incomplete", False),
-                                  "step": getattr(args, "step", None), "logits": getattr(args, "logits", None)}
+                                  "step": getattr(args, "step", None), "logits": getattr(args, "logits", None),
+                                  "shards": getattr(args, "shards", None)}
     if args.noise_factor is not None:
         options["noise_factor"] = args.noise_factor
     return options

@@ -52,6 +52,7 @@ from typing import Any
 
 from ..display import short_repr, summary_html
 from ..errors import DumpFormatError, TraceFormatError, UsageError
+from ..trace.ranks import is_multi_rank
 from .detect import KINDS, detect_kind
 
 __all__ = ["import_dump", "ImportResult", "KINDS", "detect_kind", "opened", "Opened"]
@@ -174,6 +175,9 @@ def opened(path: str | Path) -> Iterator[Opened]:
     from ..trace.load import find_trace_json
 
     kind = detect_kind(path) if Path(path).is_file() else None  # a Polygraphy JSON, or a trace JSON (None)
+    if kind is None and is_multi_rank(path):  # read by align as one sharded trace
+        yield Opened(str(path), str(path))
+        return
     if kind is None:
         try:
             find_trace_json(path)

@@ -12,7 +12,8 @@
 A folder whose entries are traces (``rank{r}/`` folders of a multi-process
 capture, or any trace JSON or tracediff file below the top) is never a dump:
 its files are traces, and reading them as loose tensors would compare
-nothing that pairs.
+nothing that pairs; ``align`` reads a multi-rank folder (``rank{r}/`` traces and
+``tracediff_ranks.json``) as one sharded trace.
 """
 
 from __future__ import annotations

@@ -93,14 +93,19 @@ def headline(result: Alignment) -> list[str]:
         lines.append(verdict)
     lines += incomplete_lines(result)
     lines += step_lines(result)
+    lines += shard_lines(result)
     first = result.first_divergence
     if first is None:
         unreadable = len(result.unreadable)
+        disagree = sum(finding.failing for finding in result.shard_findings)
         lines.append("PASSED: every compared tensor is within tolerance" if result.passed
                      else f"NOT PASSED: {unreadable} tensor(s) could not be read" if unreadable
+                     else f"NOT PASSED: the ranks disagree on {disagree} replicated tensor(s)" if disagree
                      else f"UNDECIDED: {result.reason}")
     else:
         lines.append(f"FIRST DIVERGENCE ({first.origin}): {first.describe()}")
+        if first.rank is not None:
+            lines.append(f"  rank {first.rank}'s shard is the first out of tolerance")
         if first.input_err is not None and first.amplification is not None:
             lines.append(f"  what flowed into this call had max_abs_err={first.input_err:.3g}; "
                          f"amplification={_fmt(first.amplification)}")
@@ -177,6 +182,19 @@ def _window(result: Alignment, all_rows: bool, context: int, focus: int = 0) -> 
         return [r for r in rows if r.status not in ("identical", "close")][: 2 * context + 1]
     i = rows.index(first)
     return rows[max(0, i - context): i + context + 1]
+
+
+def shard_lines(result: Alignment, *, limit: int = 5) -> list[str]:
+    """The shards' own findings: the first ``limit`` where ranks disagree on a replica, then the unplaced."""
+    failing = [f for f in result.shard_findings if f.failing]
+    unplaced = [f for f in result.shard_findings if not f.failing]
+    lines = [f"RANKS DISAGREE ({f.kind}) in {f.describe()}" for f in failing[:limit]]
+    if len(failing) > limit:
+        lines.append(f"  ... and {len(failing) - limit} more where the ranks disagree (--format json lists all)")
+    lines += [f"not placed, not compared: {f.describe()}" for f in unplaced[:limit]]
+    if len(unplaced) > limit:
+        lines.append(f"  ... and {len(unplaced) - limit} more tensors not placed")
+    return lines
 
 
 def render_table(result: Alignment, *, all_rows: bool = False, context: int = 5, tablefmt: str = "simple",

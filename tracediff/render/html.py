@@ -183,6 +183,8 @@ def _nav(result: Alignment) -> str:
     links = [("plot", "Plot"), ("tree", "Call tree"), ("table", "Table")]
     if result.unmatched_a or result.unmatched_b:
         links.append(("unmatched", "Unmatched"))
+    if result.shard_findings:
+        links.append(("shards", "Shards"))
     if result.argument_diffs:
         links.append(("arguments", "Non-tensor values"))
     if result.warnings or result.suggested_rename:
@@ -426,6 +428,13 @@ def _lists_section(result: Alignment) -> str:
                 parts.append(f"<details open><summary>{_e(label)} ({len(items)})</summary>"
                              f"{_list_table(['module', 'call', 'tensor'], rows)}</details>")
         out.append("".join(parts) + "</section>")
+    if result.shard_findings:
+        rows = [[f.side, f.kind, f.module_path, f.call_index, f.tensor, "" if f.rank is None else f.rank, f.detail]
+                for f in result.shard_findings]
+        out.append('<section id="shards"><h2>Shards</h2><p class="hint">What the ranks of a sharded trace said on '
+                   "their own: replicas they disagree on (these fail the verdict), tensors left unplaced (not "
+                   "compared).</p>" + _list_table(["trace", "kind", "module", "call", "tensor", "rank", "detail"],
+                                                  rows) + "</section>")
     if result.argument_diffs:
         rows = [[d.module_path_b, d.call_index, d.slot, _value(d.value_a), _value(d.value_b), d.detail]
                 for d in result.argument_diffs]

@@ -23,11 +23,12 @@ from __future__ import annotations
 import dataclasses
 import warnings
 from collections.abc import Collection, Mapping
-from typing import Any
+from typing import Any, cast
 
 import torch
 
 from .. import format as fmt
+from ..capturing.distributed import is_dtensor
 from .hashing import bytes_hash, dtype_name, tensor_hash
 from .tensor_stats import tensor_stats
 
@@ -36,8 +37,16 @@ _MAX_DEPTH = 32
 
 
 def tensor_entry(tensor: torch.Tensor, stats: Collection[str]) -> dict[str, Any]:
-    """Hash, shape, dtype, device and the requested statistics of ``tensor``."""
+    """Hash, shape, dtype, device and the requested statistics of ``tensor``.
+
+    A DTensor (FSDP2's ``fully_shard``, tensor parallelism) is recorded whole: its full tensor is gathered,
+    a collective every rank must join in the same order, and its placements are kept under ``placements``.
+    """
     try:
+        placements = None
+        if is_dtensor(tensor):
+            placements = [repr(p) for p in getattr(tensor, "placements", ())]
+            tensor = cast(Any, tensor).full_tensor()
         entry: dict[str, Any] = {
             "hash": tensor_hash(tensor),
             "shape": list(tensor.shape),
@@ -47,6 +56,8 @@ def tensor_entry(tensor: torch.Tensor, stats: Collection[str]) -> dict[str, Any]
         numbers = tensor_stats(tensor, stats)
         if numbers:
             entry["stats"] = numbers
+        if placements is not None:
+            entry["placements"] = placements
         return entry
     except Exception as e:  # noqa: BLE001 - recording must never break a training step
         return error_entry(e)

@@ -54,7 +54,7 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 
-from ..capturing.distributed import current_rank, world_size
+from ..capturing.distributed import current_rank, is_dtensor, world_size
 from ..errors import TracediffError, UsageError
 from ..files.atomic import write_json
 from .entries import batch_entries, error_entry, tensor_entry
@@ -96,7 +96,12 @@ class StepRecorder:
 
     Limitations: gradients are seen through hooks on the parameters that
     require grad when the recorder is made; under DDP a hook sees the local
-    gradient before the all-reduce. Each rank writes ``step={k}/rank{r}.json``,
+    gradient before the all-reduce. DTensor parameters, gradients and optimizer
+    state (FSDP2's ``fully_shard``, tensor parallelism) are recorded whole:
+    gathered (``full_tensor()``) with their ``placements``, every rank joining
+    the gathers at the optimizer's step (gradients too, then, not in backward),
+    so ``tracediff steps`` compares a sharded run against a one-device run
+    rank by rank. Each rank writes ``step={k}/rank{r}.json``,
     its rank read when the recorder is made: make it after
     ``torch.distributed.init_process_group``. Hashing runs on the training
     thread (about 1.5 GB/s with SHA-256 on a current CPU core).
@@ -132,6 +137,7 @@ class StepRecorder:
         self._step = 0
         self._record: dict[str, Any] | None = None
         self._grads: dict[str, dict[str, Any]] = {}
+        self._sharded_grads: dict[str, torch.Tensor] = {}  # DTensor gradients not gathered yet, by name
         self._recorded: list[int] = []
         self._failure: TracediffError | None = None
         self._closed = False
@@ -210,7 +216,7 @@ class StepRecorder:
                           RuntimeWarning, stacklevel=2)
         finally:
             self._record = None
-            self._grads = {}
+            self._grads, self._sharded_grads = {}, {}
             self._step += 1
 
     def close(self) -> None:
@@ -262,10 +268,23 @@ class StepRecorder:
     def _on_grad(self, name: str, param: torch.Tensor) -> None:
         if not self._record or param.grad is None:
             return
+        if is_dtensor(param.grad):  # gathered later, when every rank is at the same point (_gather_grads)
+            self._sharded_grads[name] = param
+            return
         self._grads[name] = tensor_entry(param.grad, self._stats)
+
+    def _gather_grads(self) -> None:
+        """Record the sharded gradients (FSDP2, TP), gathered in parameter order: the same collectives on every
+        rank, outside backward."""
+        for name, param in self._model.named_parameters():
+            if name in self._sharded_grads and param.grad is not None:
+                self._grads[name] = tensor_entry(param.grad, self._stats)
+        self._sharded_grads = {}
 
     def _on_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         record = self._record
+        if record and self._sharded_grads:
+            self._gather_grads()
         if record and not any(group in record["taken_at"] for group in _STATE_GROUPS):
             self._take_state(record, "optimizer_pre_step")
 
@@ -289,6 +308,8 @@ class StepRecorder:
         return optimizer_snapshot(self._optimizer, names, self._stats)
 
     def _finish(self, record: dict[str, Any], error: BaseException | None) -> None:
+        if self._sharded_grads:
+            self._gather_grads()
         self._take_state(record, "exit")
         if "grads" in self._groups:
             order = [n for n, _ in self._model.named_parameters()]

@@ -58,6 +58,9 @@ class Trace:
     #: The tokens of each of ``roots`` (``tokens`` of a decode step: chosen, argmax), None where not recorded.
     root_tokens: list[StepTokens | None] = field(default_factory=list)
     _parameters: dict[str, tuple[str, ...]] | None = field(default=None, init=False, repr=False, compare=False)
+    #: ``layout`` objects of tensor entries (multi-rank captures), by the record's ``order``; read by
+    #: :mod:`tracediff.sharding`, unchecked here
+    layouts: dict[int, Any] = field(default_factory=dict, repr=False, compare=False)
     # payload reference -> its file, resolved inside the folder once: an alignment reads a payload several times
     _resolved: dict[str, Path] = field(default_factory=dict, init=False, repr=False, compare=False)
 
@@ -179,7 +182,7 @@ def load_trace(path: str | Path) -> Trace:
         raise TraceFormatError(f"{json_path}: the call tree nests too deeply to be read; refused") from None
     del tree, later, backward_entries
     trace = Trace(directory=directory, json_path=json_path, roots=roots, metadata=metadata, backward=backward,
-                  root_steps=steps, root_tokens=tokens)
+                  root_steps=steps, root_tokens=tokens, layouts=builder.layouts)
     if trace.producer == "transformers":
         _mark_overwritten_payloads(trace)
     return trace
@@ -192,6 +195,7 @@ class _Builder:
         self.json_path = json_path
         self.check = TreeChecker(json_path)
         self.order = 0
+        self.layouts: dict[int, Any] = {}
         self.calls: dict[str, int] = {}
 
     def node(self, obj: Any, parent: Node | None, depth: int, parent_path: str) -> Node:
@@ -282,6 +286,9 @@ class _Builder:
                      if (parsed := parse_scalar(entry.get(key))) is not None}
         stored = entry.get(fmt.VALUE)
         problem = None if stored is None or type(stored) is str else value_problem(stored)
+        layout = entry.get(fmt.LAYOUT)
+        if layout is not None:
+            self.layouts[self.order] = layout
         self.order += 1
         # by position (slot, order, shape, dtype, stats, payload, repr_lines, stale_reason): one call per tensor
         return _build_record(slot, self.order - 1, parse_shape(entry[fmt.SHAPE]), entry[fmt.DTYPE], stats,

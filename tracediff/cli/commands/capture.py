@@ -13,6 +13,7 @@ EXAMPLE = """example:
   tracediff capture my_port.py:build --out traces/port --inputs inputs.safetensors
   tracediff capture mypkg.reference:build --out traces/orig --save-inputs inputs.safetensors
   tracediff capture mypkg.reference:build --out traces/ref-bf16 --dtype bfloat16   # a baseline
+  torchrun --nproc-per-node 2 -m tracediff capture my_tp.py:build --ranks all --out traces/tp2
 
 SPEC names a function returning (model, inputs); inputs is a tensor, a tuple
 of positional arguments or a dict of keyword arguments. The forward runs once
@@ -39,6 +40,9 @@ def register(sub: Any) -> None:
     p.add_argument("--backward", action="store_true",
                    help="run with autograd, then backward from the output's loss (or the sum of its first "
                         "tensor), recording each module's gradients too")
+    p.add_argument("--ranks", choices=["0", "all"], default="0",
+                   help="under torchrun: only rank 0 records (default), or every rank writes DIR/rank{r} with the "
+                        "layout of each tensor (a multi-rank folder: align reads it as one global trace)")
     p.add_argument("--overwrite", action="store_true", help="replace a trace already in DIR")
     p.add_argument("--verify", action="store_true",
                    help="also run without capture and check the outputs are bit-identical (exit 1 if not)")
@@ -76,7 +80,8 @@ def run(args: argparse.Namespace) -> int:
                            dtype=args.dtype, device=args.device, inputs_map=parse_inputs_map(args.inputs_map),
                            on_note=lambda note: print(f"tracediff capture: {note}"), writers=args.writers,
                            pool_mb=args.pool_mb, generate=args.generate, max_new_tokens=args.max_new_tokens,
-                           steps=args.steps, teacher_forcing=args.teacher_forcing, **ops_kwargs(args))
+                           steps=args.steps, teacher_forcing=args.teacher_forcing,
+                           ranks="all" if args.ranks == "all" else 0, **ops_kwargs(args))
     size = session.payload_bytes / 1e6
     ops = f" and {session.ops} ops" if session.ops else ""
     steps = session.metadata.get("options", {}).get("steps")
