@@ -45,7 +45,7 @@ from ..errors import TraceFormatError, UsageError
 from ..maps.rules import _UNSET, MapSpec, SlotRules, apply_rename, map_argument, read_map
 from ..trace.load import Trace, load_trace
 from ..trace.model import Node
-from .culprits import Candidate, decide
+from .culprits import Candidate, decide, open_calls
 from .inputs import NotRebuildable, Target, output_slots, rebuild_inputs
 from .layout import bound_to
 from .oracle import NOISE_MULTIPLIER, float64_copy, oracle_device
@@ -127,7 +127,7 @@ def replay(
     return Replay(trace_a=str(trace.directory), model_b=type(model_b).__name__, oracle=oracle,
                   device=str(run_device), seed=seed, modules=calls, skipped=tuple(job.skipped),
                   noise_multiplier=NOISE_MULTIPLIER, end_to_end=job.end_to_end, warnings=tuple(job.warnings),
-                  patched=patch, seconds=time.perf_counter() - started)
+                  patched=patch, undecided=tuple(job.undecided), seconds=time.perf_counter() - started)
 
 
 def _check_replayable(trace: Trace) -> None:
@@ -189,6 +189,7 @@ class _Job:
         self.shadow = ShadowRun(trace=None)
         self.root_inputs: tuple[tuple[Any, ...], dict[str, Any]] | None = None
         self.patch_effects: dict[int, float] = {}
+        self.undecided: list[str] = []
 
     # --- matching -----------------------------------------------------------------------------------------
 
@@ -346,10 +347,18 @@ class _Job:
     # --- culprits and patches -----------------------------------------------------------------------------
 
     def _decide(self) -> None:
-        candidates = [Candidate(key=i, node_a=d.node_a, module_path_b=d.node_b.module_path, verdict=d.outcome.verdict)
-                      for i, d in enumerate(self.done)]
+        candidates = [Candidate(key=i, node_a=d.node_a, module_path_b=d.node_b.module_path, verdict=d.outcome.verdict,
+                                reason=d.outcome.reason) for i, d in enumerate(self.done)]
         decide(candidates, self._rerun_patched if self.shadow.trace is not None else None)
         self.decisions = {c.key: c.decision for c in candidates}
+        # a verdict needs evidence: a call that differs with an unjudged call inside it, or an unjudged call that
+        # nothing around it vouches for, leaves the replay undecided
+        self.undecided = [f"{c.module_path_b} (call {self.done[c.key].node_b.call_index}) differs, but "
+                          f"{c.decision.undecided}" for c in candidates if c.decision.undecided]
+        named = {c.decision.undecided.split(" ", 1)[0] for c in candidates if c.decision.undecided}
+        self.undecided += [f"{c.module_path_b} (call {self.done[c.key].node_b.call_index}) could not be judged "
+                           f"({c.reason or 'not comparable'}) and no call around it was judged the same math"
+                           for c in open_calls(candidates) if c.module_path_b not in named]
 
     def _recorded_outputs(self, done: _Done) -> dict[str, torch.Tensor]:
         """A's recorded outputs of a call, under B's output slots (``outputs`` in A may be ``outputs.0`` in B)."""
@@ -460,6 +469,8 @@ class _Job:
             reason = done.outcome.reason
             if decision.note:
                 reason = f"{reason}; {decision.note}" if reason else decision.note
+            if decision.undecided:
+                reason = f"{reason}; undecided: {decision.undecided}" if reason else f"undecided: {decision.undecided}"
             if decision.explained_by:
                 reason = f"{reason}; explained by {', '.join(decision.explained_by)}" if reason else \
                     f"explained by {', '.join(decision.explained_by)}"
