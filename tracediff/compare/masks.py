@@ -97,8 +97,8 @@ def as_masks(a: Payload, b: Payload) -> MaskPair | None:
     found_a, found_b = readings(a.values, a.dtype), readings(b.values, b.dtype)
     if not found_a or not found_b or not (_has_masked(found_a, a.dtype) or _has_masked(found_b, b.dtype)):
         return None
-    if a.dtype == b.dtype and a.shape == b.shape and not ("additive" in found_a and "additive" in found_b):
-        return None  # floats of one dtype and shape are masks only when both read as additive masks
+    if a.dtype == b.dtype and a.shape == b.shape and set(found_a) == set(found_b) != {"additive"}:
+        return None  # floats of one dtype, shape and kind: compared value by value
     if a.dtype == "bool" and b.dtype == "bool":  # one shape apart: the same convention on both sides
         found_a = {"boolean keep": found_a["boolean keep"]}
         found_b = {"boolean keep": found_b["boolean keep"]}
