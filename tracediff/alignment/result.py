@@ -256,6 +256,22 @@ class _Tally:
 
 
 @dataclass(frozen=True)
+class LikelySource:
+    """A call of B with no partner in A whose outputs feed the first divergence: the likely site of the
+    mistake, which two traces could not compare (``evidence``: which of its outputs is which diverging or
+    uncompared input)."""
+
+    module_path_b: str
+    call_index: int
+    evidence: tuple[str, ...]
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"module_path_b": self.module_path_b, "call_index": self.call_index,
+                "evidence": list(self.evidence), "reason": self.reason}
+
+
+@dataclass(frozen=True)
 class Alignment:
     """Everything ``tracediff.align`` found; truthy when every compared tensor passed.
 
@@ -292,6 +308,7 @@ class Alignment:
     logits: tuple[LogitsVerdict, ...] = ()  # next-token verdicts of the logits rows
     tokens: TokenAlignment | None = None  # generated tokens: where B would have chosen another token than A
     position_strip: PositionStrip | None = None  # the first divergence's error at each token position
+    likely_source: LikelySource | None = None  # B's unpaired call feeding the first divergence, if any
 
     @property
     def passed(self) -> bool:
@@ -430,6 +447,7 @@ class Alignment:
             "logits": [verdict.to_dict() for verdict in self.logits],
             "tokens": self.tokens.to_dict() if self.tokens is not None else None,
             "position_strip": self.position_strip.to_dict() if self.position_strip is not None else None,
+            "likely_source": self.likely_source.to_dict() if self.likely_source is not None else None,
         }
 
 

@@ -9,6 +9,10 @@ no payloads the same shape, dtype and statistics), the pair's output is also com
 
 The search stops at paired calls (their outputs have pairs of their own), and skips calls that return one
 of their inputs (a dropout in eval mode computes nothing).
+
+The same question asked of the first divergence (:func:`likely_source`): a call of B with no partner whose
+outputs feed it (transformers' ``rotary_emb``, a relative-position bias computed once) is named as the
+likely site, with the evidence.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from ...trace.model import Node, TensorRecord
-from ..result import Job
+from ..result import Job, LikelySource, TensorComparison
 
 
 @dataclass(frozen=True)
@@ -59,3 +63,40 @@ def _same_value(one: TensorRecord, other: TensorRecord) -> bool:
         return one.payload == other.payload
     return (one.shape == other.shape and one.dtype == other.dtype and bool(one.stats)
             and one.stats == other.stats and bool(one.stats.get("std")))
+
+
+def likely_source(first: TensorComparison, jobs: list[Job], unpaired_b: list[Node]) -> LikelySource | None:
+    """B's call with no partner whose outputs feed the first divergence, when there is one (issue 35).
+
+    What feeds the first divergence: the diverging tensor itself when it is an input (it changed between
+    recorded calls), and the inputs of its call that were compared with nothing (only B has them: a
+    rotary table, a relative-position bias). A call of B with no partner that ran before and returned one
+    of them (the same payload) computed something two traces cannot compare: the likely site of the
+    mistake. The latest such call wins; None when no such call feeds it.
+    """
+    if first.order >= len(jobs):
+        return None
+    _, _, node_b, record_b = jobs[first.order]
+    compared = {id(job[3]) for job in jobs}
+    feeding: list[tuple[TensorRecord, str]] = []
+    if first.tensor.startswith("inputs"):
+        feeding.append((record_b, f"diverged, max_abs_err {first.max_abs_err:.3g}"))
+    feeding += [(r, "compared with nothing: A has no such input") for r in node_b.inputs() if id(r) not in compared]
+    enclosing = set()
+    parent: Node | None = node_b
+    while parent is not None:
+        enclosing.add(id(parent))
+        parent = parent.parent
+    before = [n for n in unpaired_b if n.enter_order < node_b.enter_order and id(n) not in enclosing]
+    for producer in sorted(before, key=lambda n: -n.enter_order):
+        evidence = []
+        for record, how in feeding:
+            made = next((o for o in producer.outputs() if _same_value(o, record)), None)
+            if made is not None and not any(_same_value(i, record) for i in producer.inputs()):
+                evidence.append(f"{producer.module_path} {made.slot} is {node_b.module_path} {record.slot} ({how})")
+        if evidence:
+            return LikelySource(module_path_b=producer.module_path, call_index=producer.call_index,
+                                evidence=tuple(evidence),
+                                reason=f"{producer.module_path} has no partner in A, so what it computes was "
+                                       "compared nowhere, and its outputs feed the first divergence")
+    return None
