@@ -206,3 +206,18 @@ def test_a_replay_with_a_call_nothing_vouches_for_never_passes(capture_ref):  # 
     assert result.undecided[0].startswith("ArmedNet.inner (call 0) could not be judged (")
     # the whole model replayed: the root is the same math and vouches for the call it ran
     assert tracediff.replay(armed_net(), trace).passed
+
+
+def wrong_armed_net() -> nn.Module:
+    """SPEC for the command line: the mistake inside a module that cannot run alone."""
+    return armed_net(wrong=True)
+
+
+def test_an_undecided_replay_exits_1_and_says_why(capture_ref, capsys):  # type: ignore[no-untyped-def]
+    from tracediff.cli.main import main
+
+    trace = capture_ref("armed-net", armed_net, torch.randn(2, 8, generator=torch.Generator().manual_seed(0)))
+    assert main(["replay", str(trace), "tests.replaying.test_replay_descend:wrong_armed_net"]) == 1
+    out = capsys.readouterr().out
+    assert "UNDECIDED: no culprit, but calls that could not be judged may hold the mistake:" in out
+    assert "  ArmedNet (call 0) differs, but ArmedNet.inner inside it could not be judged" in out
