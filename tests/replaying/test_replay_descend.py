@@ -221,3 +221,16 @@ def test_an_undecided_replay_exits_1_and_says_why(capture_ref, capsys):  # type:
     out = capsys.readouterr().out
     assert "UNDECIDED: no culprit, but calls that could not be judged may hold the mistake:" in out
     assert "  ArmedNet (call 0) differs, but ArmedNet.inner inside it could not be judged" in out
+
+
+def test_a_difference_around_a_call_paired_on_its_outputs_only_is_undecided(capture_ref):  # type: ignore[no-untyped-def]
+    from tests.replaying import ports
+
+    trace = capture_ref("toy-net", ports.net, torch.randn(2, 4, generator=torch.Generator().manual_seed(0)))
+    # the map sets blocks.1's inputs aside: it pairs on its outputs only and is not replayed
+    setting_aside = {"slots": [["^blocks\\.1$", "inputs", None]]}
+    result = tracediff.replay(ports.net(ports.LeakyResidualBlock), trace, map=setting_aside)
+    assert any(s.module_path_b == "Net.blocks.1" for s in result.skipped)
+    assert not result.culprits and result.verdict == "undecided"
+    assert result.undecided[0].startswith("Net (call 0) differs, but Net.blocks.1 inside it could not be judged "
+                                          "(not replayed: paired with A's call on its outputs only")

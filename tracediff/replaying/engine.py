@@ -51,7 +51,7 @@ from .layout import bound_to
 from .oracle import NOISE_MULTIPLIER, float64_copy, oracle_device
 from .patching import Replacements, patched
 from .placement import check_device, module_device, param_dtype, prepared
-from .result import Replay, ReplayedCall, SkippedCall
+from .result import NOT_COMPARABLE, Replay, ReplayedCall, SkippedCall
 from .runner import CallOutcome, CallSetup, replay_call
 from .shadow import ShadowRun, seed_rng, shadow_run
 
@@ -190,6 +190,7 @@ class _Job:
         self.root_inputs: tuple[tuple[Any, ...], dict[str, Any]] | None = None
         self.patch_effects: dict[int, float] = {}
         self.undecided: list[str] = []
+        self.unrun: list[tuple[Node, Node, str]] = []  # skipped calls that may hold a mistake (see _skip)
 
     # --- matching -----------------------------------------------------------------------------------------
 
@@ -240,7 +241,7 @@ class _Job:
                 if a.phase != "forward":
                     continue
                 if (id(a), id(b)) in matching.outputs_only or inputs_set_aside(a, b, self.slots):
-                    self._skip(a, b, _OUTPUTS_ONLY)
+                    self._skip(a, b, _OUTPUTS_ONLY, unjudged=True)
                     continue
                 pairs.append((a, b))
             return pairs
@@ -256,7 +257,7 @@ class _Job:
                           module_type=type(self.modules[relative]).__name__, depth=node.depth,
                           enter_order=node.enter_order)
             if inputs_set_aside(node, node_b, self.slots):
-                self._skip(node, node_b, _OUTPUTS_ONLY)
+                self._skip(node, node_b, _OUTPUTS_ONLY, unjudged=True)
                 continue
             pairs.append((node, node_b))
         return pairs
@@ -300,9 +301,14 @@ class _Job:
                 bar.close()
         self._decide()
 
-    def _skip(self, node_a: Node, node_b: Node, reason: str) -> None:
+    def _skip(self, node_a: Node, node_b: Node, reason: str, *, unjudged: bool = False) -> None:
+        """List a paired call that is not replayed; ``unjudged``: one that may hold a mistake no row saw (paired
+        on its outputs only, or inputs that cannot be rebuilt), which a difference around it cannot be
+        blamed past (see ``culprits``)."""
         self.skipped.append(SkippedCall(module_path_b=node_b.module_path, call_index=node_b.call_index,
                                         module_path_a=node_a.module_path, reason=reason))
+        if unjudged:
+            self.unrun.append((node_a, node_b, reason))
 
     def _setup(self, node_a: Node, node_b: Node) -> CallSetup | None:
         module = self.modules.get(node_b.relative_path)
@@ -338,7 +344,7 @@ class _Job:
         try:
             outcome = replay_call(setup, oracle=self.oracle)
         except NotRebuildable as e:
-            self._skip(node_a, node_b, str(e))
+            self._skip(node_a, node_b, str(e), unjudged=True)
             return
         finally:
             setup.tensors.clear()  # payloads are read again only for culprits
@@ -349,7 +355,9 @@ class _Job:
     def _decide(self) -> None:
         candidates = [Candidate(key=i, node_a=d.node_a, module_path_b=d.node_b.module_path, verdict=d.outcome.verdict,
                                 reason=d.outcome.reason) for i, d in enumerate(self.done)]
-        decide(candidates, self._rerun_patched if self.shadow.trace is not None else None)
+        unrun = [Candidate(key=-1 - i, node_a=node_a, module_path_b=node_b.module_path, verdict=NOT_COMPARABLE,
+                           reason=f"not replayed: {reason}") for i, (node_a, node_b, reason) in enumerate(self.unrun)]
+        decide(candidates + unrun, self._rerun_patched if self.shadow.trace is not None else None)
         self.decisions = {c.key: c.decision for c in candidates}
         # a verdict needs evidence: a call that differs with an unjudged call inside it, or an unjudged call that
         # nothing around it vouches for, leaves the replay undecided
