@@ -111,3 +111,12 @@ def test_align_names_a_mask_difference_without_huge_errors(tmp_path: Path) -> No
     assert first is not None and first.tensor == "inputs.kwargs.attention_mask"
     assert "mask difference" in first.reason and "6 position(s) masked in A only" in first.reason
     assert max(r.max_abs_err for r in result.rows if r.max_abs_err == r.max_abs_err) < 1e3
+
+
+def test_a_masked_score_against_an_older_ports_minus_1e4_is_masked_on_both_sides() -> None:
+    from tracediff.compare.benign import prepare_pair
+
+    f32_min = torch.finfo(torch.float32).min
+    a, b, notes = prepare_pair(torch.tensor([f32_min, 0.5, -3.0]), torch.tensor([-1e4, 0.5, -3.0]))
+    assert notes == ["1 masked values (at one side's finite extreme, at most -1e4 on the other) treated as equal"]
+    assert b.values.tolist()[1:] == [0.5, -3.0]
