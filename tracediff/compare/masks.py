@@ -71,6 +71,19 @@ def readings(values: np.ndarray, dtype: str) -> dict[str, np.ndarray]:
     return out
 
 
+def may_be_mask(dtype: str | None, stats: dict[str, float]) -> bool:
+    """Can a recorded tensor be an attention mask, by its dtype and statistics alone (no payload read)? A
+    boolean; integers or floats between 0 and 1; floats between a large negative value and 0. Unknown
+    statistics do not rule it out."""
+    dtype = (dtype or "").removeprefix("torch.")
+    if dtype == "bool":
+        return True
+    low, high = stats.get("min"), stats.get("max")
+    if not isinstance(low, (int, float)) or not isinstance(high, (int, float)):
+        return True
+    return (low >= 0 and high <= 1) or (high == 0 and (low <= MASKED_AT or low == 0))
+
+
 def _has_masked(found: dict[str, np.ndarray], dtype: str) -> bool:
     """Does the tensor hold a masked value that no plain number would (a boolean, or a large negative)?"""
     return dtype == "bool" or bool("additive" in found and found["additive"].any())

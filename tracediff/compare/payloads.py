@@ -13,7 +13,7 @@ from ..trace.load import Trace
 from ..trace.model import TensorRecord
 from ..trace.payload import Payload, payload_of
 from .benign import exact_mismatches, is_exact_dtype, prepare_pair
-from .masks import masks_payloads
+from .masks import masks_payloads, may_be_mask
 from .measurement import Measurement, dtype_note, measured, unmeasured
 from .metrics import PairMetrics, compare_tensors
 from .raw_payload import identical_pair
@@ -33,7 +33,8 @@ def compare_payloads(
         raise  # a trace that breaks the format is refused whole, not reported as one unreadable row
     except TracediffError as e:
         return unmeasured("unreadable", None, str(e))
-    masks = masks_payloads(a, b)  # attention masks in other conventions or layouts: compared as masked positions
+    # attention masks in other conventions or layouts: compared as masked positions (statistics rule most out)
+    masks = masks_payloads(a, b) if may_be_mask(ra.dtype, ra.stats) and may_be_mask(rb.dtype, rb.stats) else None
     if masks is not None:
         a, b, mask_note = masks
         return measured(_compare_exact(a, b), approximate=False, note=mask_note)
