@@ -107,10 +107,16 @@ def likely_source(first: TensorComparison, jobs: list[Job], unpaired_b: list[Nod
         feeding = [(node, r, "compared with nothing before") for r in uncompared(node)]
     if found is None:
         return None
+    # the diverging tensor itself came from it (through calls with no partner), or only what the code that made
+    # the divergence also read: then it may hold the mistake, or that code may, and two traces cannot say which
+    direct = "(diverged" in evidence[0]
+    how = "its outputs are the diverging tensor" if direct and len(evidence) == 1 else \
+        "it feeds the diverging tensor through calls with no partner either" if direct else \
+        "the code that made the first divergence read its outputs (or that code holds the mistake: two traces " \
+        "cannot say which)"
     return LikelySource(module_path_b=found.module_path, call_index=found.call_index, evidence=tuple(evidence),
                         reason=f"{found.module_path} has no partner in A, so what it computes was compared "
-                               "nowhere, and it feeds the first divergence"
-                               + (" through calls with no partner either" if len(evidence) > 1 else ""))
+                               f"nowhere; {how}")
 
 
 def _producer(feeding: list[tuple[Node, TensorRecord, str]], unpaired_b: list[Node], seen: set[int]
