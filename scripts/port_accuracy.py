@@ -26,7 +26,8 @@ sys.path.insert(0, str(ROOT))
 from tests.ports.harness import MODES, Outcome, PortRun, cases  # noqa: E402
 
 PORTS = ("whisper", "esm", "transformer_lens", "transformer_lens_llama", "transformer_lens_neox",
-         "transformer_lens_bloom", "torchtune", "torchtune_phi3", "torchtune_qwen2", "torchtune_t5")
+         "transformer_lens_bloom", "torchtune", "torchtune_phi3", "torchtune_qwen2", "torchtune_t5", "torchtune_gemma2",
+         "research_llama", "research_vit")
 DOC = ROOT / "docs" / "accuracy.md"
 START, END = "<!-- accuracy table -->", "<!-- /accuracy table -->"
 

@@ -17,11 +17,13 @@ The modes:
 A bf16 case casts the converted port to bfloat16 and adds ``--baseline`` (the reference cast to
 bfloat16); it is right when it passes. A bug is never right in a mode where the clean port already
 diverges: there the bug's verdict is the clean port's. ``replay`` and ``ops`` are asked of one bug per port, with the
-hand map. A bug is located right when the first divergence (or the first culprit of a replay) is the
-expected module or a module inside it. The expected module is the smallest module holding every
-weight or setting the bug edits: ``k_proj`` for one weight, ``self_attn`` for ``k_proj`` and ``v_proj``
-swapped (either projection locates it), ``blocks.1.attn`` for transformer-lens's ``W_Q`` (its hook
-point ``blocks.1.attn.hook_q`` locates it too). ``ops`` records op nodes only inside the module
+hand map. A bug is located right when the first divergence (or the first culprit of a replay) is the expected
+module or a module inside it, or when the report names the expected module as the likely source (a call of B
+with no partner whose outputs feed the first divergence: docs/verdicts.md). The expected module is the
+smallest module holding every weight or setting the bug edits: ``k_proj`` for one weight, ``self_attn`` for
+``k_proj`` and ``v_proj`` swapped (either projection locates it), ``blocks.1.attn`` for transformer-lens's
+``W_Q`` (its hook point ``blocks.1.attn.hook_q`` locates it too). ``ops`` records op nodes only inside the
+module
 holding the bug on each side (``Port.ops_in``, the two-step recipe of docs/ops.md).
 """
 
@@ -181,6 +183,7 @@ class PortRun:
     root: Path
     _traces: dict[str, Path] = field(default_factory=dict)
     _clean: dict[str, Outcome] = field(default_factory=dict)
+    _likely: dict[tuple[str, str], str | None] = field(default_factory=dict)
 
     # --- models ------------------------------------------------------------------------------------------
 
@@ -267,11 +270,22 @@ class PortRun:
         code, output = self.cli([*argv, "--format", "json", "--output", str(report)])
         if code not in (0, 1):
             return code, None, output.strip().splitlines()[-1] if output.strip() else note
-        first = json.loads(report.read_text())["first_divergence"]
+        written = json.loads(report.read_text())
+        first, likely = written["first_divergence"], written.get("likely_source")
         module = relative(first["module_path_b"]) if first else None
         if first and first.get("op"):
             note = f"op {first['op']}"
+        if likely:  # the unpaired call of B feeding the first divergence, named as the likely source
+            self._likely[case, mode] = relative(likely["module_path_b"])
         return code, module, note
+
+    def located(self, case: str, mode: str, module: str | None, expected: str) -> tuple[bool, str]:
+        """Does the verdict name the expected module: the first divergence, or else the likely source (a call
+        of B with no partner feeding it, docs/verdicts.md)? With the note saying which."""
+        if inside(module, expected):
+            return True, ""
+        likely = self._likely.get((case, mode))
+        return inside(likely, expected), f"likely source `{likely}`" if likely else ""
 
     def judge(self, case: str, mode: str) -> Outcome:
         """One cell of the table: the run, and whether its verdict is right."""
@@ -286,7 +300,9 @@ class PortRun:
         if case == BF16:
             return Outcome(self.port.name, case, mode, code, module, 0, None, code == 0, note)
         expected = self.port.bug(case).module
-        right = code == 1 and inside(module, expected)
+        found, likely = self.located(case, mode, module, expected)
+        right = code == 1 and found
+        note = "; ".join(filter(None, [note, likely]))
         if right and self.judge(CLEAN, mode).exit_code != 0:
             right, note = False, "the clean port diverges too"
         return Outcome(self.port.name, case, mode, code, module, 1, expected, right, note)
@@ -295,7 +311,9 @@ class PortRun:
         expected = self.port.bug(case).module
         if mode == "ops":
             code, module, note = self.align(case, "hand map", ops=True)
-            right = code == 1 and inside(module, expected)
+            found, likely = self.located(case, "hand map", module, expected)
+            right = code == 1 and found
+            note = "; ".join(filter(None, [note, likely]))
             if right and self.judge(CLEAN, "hand map").exit_code != 0:
                 right, note = False, "the clean port diverges too"
             return Outcome(self.port.name, case, mode, code, module, 1, expected, right, note)

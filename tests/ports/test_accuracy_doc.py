@@ -14,7 +14,8 @@ import pytest
 from tests.ports.harness import INSTALL, MODES, cases
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "accuracy.md"
-FILES = ("whisper", "esm", "transformer_lens", "transformer_lens_llama", "torchtune")
+FILES = ("whisper", "esm", "transformer_lens", "transformer_lens_llama", "torchtune", "torchtune_gemma2",
+         "research_llama", "research_vit")
 
 
 def doc_cells() -> dict[tuple[str, str, str], bool]:

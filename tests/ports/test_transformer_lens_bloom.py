@@ -109,8 +109,8 @@ PORT = Port(
 WRONG: dict[tuple[str, str], str] = {
     ("o-transposed", "replay"): "transformer-lens's attn pairs with transformers' self_attention.dense on its outputs "
                                 "only (self_attention adds the residual inside, dense takes the attention's result): "
-                                "A recorded no call with attn's inputs, so replay skips attn and names the block "
-                                "blocks.1 that holds it",
+                                "A recorded no call with attn's inputs, so replay cannot run attn, and blocks.1 "
+                                "around it is undecided",
 }
 
 

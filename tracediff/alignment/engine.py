@@ -53,6 +53,7 @@ from .lm_verdicts import annotate_rows, check_logits_patterns, position_strip
 from .ops import annotate_op_rows, pair_ops
 from .pairing.permuted import decide_orders
 from .pairing.plan import Plan, plan_pairs
+from .pairing.producers import likely_source
 from .pairing.unrecorded import carry_origin, mark_unrecorded_origin
 from .result import Alignment, Job, TensorComparison, Unmatched
 from .rows import RowDraft, draft_row, freeze_rows
@@ -245,6 +246,8 @@ def align(
     steps = summarize_steps(marked, trace_a, trace_b, selected=step, note=step_note, counts=step_counts)
     first = next((row for row in marked if row.within_tolerance is False), None)
     strip = position_strip(first, jobs[first.order], trace_a, trace_b) if first is not None else None
+    unpaired_b = [n for n in matching.unmatched_b if id(n) not in matching.idle]
+    source = likely_source(first, jobs, unpaired_b) if first is not None else None
     return Alignment(
         trace_a=str(trace_a.directory), trace_b=str(trace_b.directory),
         model_a=trace_a.model_name, model_b=trace_b.model_name,
@@ -267,6 +270,7 @@ def align(
         steps=steps, logits=logits_verdicts, tokens=compare_tokens(trace_a, trace_b), position_strip=strip,
         payloads_expected=_holds_payloads(trace_a) and _holds_payloads(trace_b),
         shard_findings=findings(trace_a, trace_b),
+        likely_source=source,
     )
 
 

@@ -260,6 +260,22 @@ class _Tally:
 
 
 @dataclass(frozen=True)
+class LikelySource:
+    """A call of B with no partner in A whose outputs feed the first divergence: the likely site of the
+    mistake, which two traces could not compare (``evidence``: which of its outputs is which diverging or
+    uncompared input)."""
+
+    module_path_b: str
+    call_index: int
+    evidence: tuple[str, ...]
+    reason: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"module_path_b": self.module_path_b, "call_index": self.call_index,
+                "evidence": list(self.evidence), "reason": self.reason}
+
+
+@dataclass(frozen=True)
 class Alignment:
     """Everything ``tracediff.align`` found; truthy when every compared tensor passed.
 
@@ -330,6 +346,7 @@ class Alignment:
             return ("only recorded statistics were compared, though both traces hold payloads: no payload pair "
                     "was compared")
         return None
+    likely_source: LikelySource | None = None  # B's unpaired call feeding the first divergence, if any
 
     @property
     def passed(self) -> bool:
@@ -472,6 +489,7 @@ class Alignment:
             "tokens": self.tokens.to_dict() if self.tokens is not None else None,
             "position_strip": self.position_strip.to_dict() if self.position_strip is not None else None,
             "shard_findings": [finding.to_dict() for finding in self.shard_findings],
+            "likely_source": self.likely_source.to_dict() if self.likely_source is not None else None,
         }
 
 

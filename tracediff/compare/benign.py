@@ -8,7 +8,8 @@
   ``finfo(float32).min`` on one side and ``finfo(bfloat16).min`` on the
   other), or are the same infinity, the values compare equal: both mean
   "masked". Without this one masked row of a bf16 port reports an error of
-  1.3e36.
+  1.3e36. A value at one side's extreme against one at most ``-1e4`` on the
+  other (an older port's additive mask) is masked on both sides too.
 * **Integers and bools** compare exactly (every value, at full 64-bit
   precision: 2**40 against 2**40 + 1 is a divergence), whatever the
   tolerance.
@@ -24,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from ..trace.payload import Payload, as_floats, finite_max, is_complex, is_floating, payload_of
+from .masks import MASKED_AT
 from .shapes import squeezable, squeeze_note
 
 _EXACT_NOTE = "integers compared exactly"
@@ -53,9 +55,12 @@ def prepare_pair(a: Any, b: Any) -> tuple[Payload, Payload, list[str]]:
         notes.append("complex: compared on real and imaginary parts")
         a, b = _as_real_pairs(a), _as_real_pairs(b)
     if is_floating(a.dtype) and is_floating(b.dtype) and a.shape == b.shape:
-        b, saturated = _settle_saturated(a, b)
+        b, (saturated, masked) = _settle_saturated(a, b)
         if saturated:
             notes.append(f"{saturated} saturated values (at their dtype's finite extreme on both sides) "
+                         "treated as equal")
+        if masked:
+            notes.append(f"{masked} masked values (at one side's finite extreme, at most -1e4 on the other) "
                          "treated as equal")
     return a, b, notes
 
@@ -81,24 +86,28 @@ def _extremes(p: Payload) -> tuple[float, float]:
     return low, high
 
 
-def _settle_saturated(a: Payload, b: Payload) -> tuple[Payload, int]:
-    """``b`` with positions where both sides saturate alike replaced by ``a``'s value, and their count.
+def _settle_saturated(a: Payload, b: Payload) -> tuple[Payload, tuple[int, int]]:
+    """``b`` with positions where both sides saturate alike replaced by ``a``'s value, and their counts (both at
+    their extreme; one at its extreme, the other at most ``-1e4``).
 
     One cheap pass over ``a``'s extremes first: most tensors hold nothing near them.
     """
     if a.size == 0:
-        return b, 0
+        return b, (0, 0)
     max_a, max_b = finite_max(a.dtype), finite_max(b.dtype)
     low, high = _extremes(a)
-    if not (low <= -max_a or high >= max_a):  # all NaN leaves (inf, -inf): nothing saturates
-        return b, 0
+    if not (low <= MASKED_AT or high >= max_a):  # all NaN leaves (inf, -inf): nothing saturates
+        return b, (0, 0)
     target = _promoted(a.dtype, b.dtype)
     work = np.float64 if target == "float64" else np.float32
     wa, wb = as_floats(a.values, a.dtype, work), as_floats(b.values, b.dtype, work)
-    same = ((wa <= -max_a) & (wb <= -max_b)) | ((wa >= max_a) & (wb >= max_b))
-    count = int(np.count_nonzero(same))
-    if not count:
-        return b, 0
+    both = ((wa <= -max_a) & (wb <= -max_b)) | ((wa >= max_a) & (wb >= max_b))
+    # a masked score: one side at its extreme, the other masked by a smaller constant (-1e4 of older ports)
+    masked = ~both & (((wa <= -max_a) & (wb <= MASKED_AT)) | ((wb <= -max_b) & (wa <= MASKED_AT)))
+    same = both | masked
+    count = int(np.count_nonzero(both)), int(np.count_nonzero(masked))
+    if not sum(count):
+        return b, (0, 0)
     settled = wb.copy()
     settled[same] = wa[same]
     if target == "float16":

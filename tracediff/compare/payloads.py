@@ -13,6 +13,7 @@ from ..trace.load import Trace
 from ..trace.model import TensorRecord
 from ..trace.payload import Payload, payload_of
 from .benign import exact_mismatches, is_exact_dtype, prepare_pair
+from .masks import masks_payloads, may_be_mask
 from .measurement import Measurement, dtype_note, measured, unmeasured
 from .metrics import PairMetrics, compare_tensors
 from .raw_payload import identical_pair
@@ -32,6 +33,11 @@ def compare_payloads(
         raise  # a trace that breaks the format is refused whole, not reported as one unreadable row
     except TracediffError as e:
         return unmeasured("unreadable", None, str(e))
+    # attention masks in other conventions or layouts: compared as masked positions (statistics rule most out)
+    masks = masks_payloads(a, b) if may_be_mask(ra.dtype, ra.stats) and may_be_mask(rb.dtype, rb.stats) else None
+    if masks is not None:
+        a, b, mask_note = masks
+        return measured(_compare_exact(a, b), approximate=False, note=mask_note)
     if a.shape != b.shape and not squeezable(a.shape, b.shape):
         return unmeasured("shape_mismatch", False, f"shape differs: {list(a.shape)} vs {list(b.shape)}")
     stored = [_stored_dtype_note(side, r, t) for side, r, t in (("A", ra, a), ("B", rb, b))]

@@ -112,6 +112,10 @@ def headline(result: Alignment) -> list[str]:
         note = origin_note(first) if first.origin == "between modules" else unrecorded_note(first)
         if note:
             lines.append(f"  {note}")
+        source = result.likely_source
+        if source is not None:
+            lines.append(f"LIKELY SOURCE: {source.module_path_b} (call {source.call_index}): {source.reason}")
+            lines += [f"  {line}" for line in source.evidence]
         backward = result.first_backward_divergence
         if backward is not None and backward is not first:
             lines.append(f"FIRST GRADIENT DIVERGENCE ({backward.origin}): {backward.describe()}")

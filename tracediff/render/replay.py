@@ -59,15 +59,21 @@ def headline(result: Replay) -> list[str]:
         lines.append(f"B's whole forward on A's inputs: final output max abs err {_num(e2e['max_abs_err'])}, "
                      f"relative rms {_num(e2e['rel_rms_err'])}")
     culprits = result.culprits
-    if not culprits:
+    if not culprits and not result.undecided:
         lines.append("PASSED: no culprit" + ("" if result.modules else " (nothing could be replayed)"))
         return lines
-    lines.append(f"CULPRITS ({len(culprits)}), in execution order:")
+    if not culprits:
+        lines.append("UNDECIDED: no culprit, but calls that could not be judged may hold the mistake:")
+    else:
+        lines.append(f"CULPRITS ({len(culprits)}), in execution order:")
     for call in culprits:
         effect = f"; patching it removes {call.patch_effect:.0f}% of the final error" \
             if call.patch_effect is not None else ""
         lines.append(f"  #{call.rank} {call.module_path_b} (call {call.call_index}): local max abs err "
                      f"{_num(call.local_max_abs_err)}, {call.reason}{effect}")
+    if culprits and result.undecided:
+        lines.append(f"UNDECIDED ({len(result.undecided)}):")
+    lines += [f"  {why}" for why in result.undecided]
     return lines
 
 
@@ -129,7 +135,8 @@ def render_html(result: Replay, alignment: Any = None) -> str:
     e = html.escape
     e2e = _end_to_end(alignment)
     verdict = "<p class=pass>PASSED: no culprit</p>" if result.passed else \
-        f"<p class=fail>{len(result.culprits)} culprit(s)</p>"
+        f"<p class=fail>{len(result.culprits)} culprit(s)</p>" if result.culprits else \
+        "<p class=fail>UNDECIDED: calls that could not be judged may hold the mistake</p>"
     head = "".join(f"<li>{e(line.strip())}</li>" for line in headline(result))
     extra = "<th>end-to-end max abs (align)</th>" if alignment is not None else ""
     body = []

@@ -11,6 +11,12 @@ without the oracle) is a candidate. Candidates are decided innermost first:
 
 Each culprit thus stands on its own local error, even with two bugs, and
 even when the first bug is benign.
+
+A call that could not be judged (``not comparable``: B's module raised, an
+output is missing) inside a candidate may hold the mistake: the candidate is
+then not named (replay descends into its children rather than naming the
+parent) but **undecided**, with the unjudged call and its reason, unless a
+call between them was judged the same math.
 """
 
 from __future__ import annotations
@@ -19,7 +25,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..trace.model import Node
-from .result import BLAMING
+from .result import BLAMING, NOT_COMPARABLE, SAME_MATH, WITHIN_TOLERANCE
+
+PASSING = (SAME_MATH, WITHIN_TOLERANCE)
 
 
 @dataclass
@@ -27,6 +35,8 @@ class Decision:
     culprit: bool = False
     explained_by: tuple[str, ...] = ()
     note: str = ""
+    #: why the candidate cannot be named: a call inside it could not be judged ("" when it can)
+    undecided: str = ""
 
 
 @dataclass
@@ -35,6 +45,7 @@ class Candidate:
     node_a: Node
     module_path_b: str
     verdict: str
+    reason: str = ""
     decision: Decision = field(default_factory=Decision)
 
 
@@ -47,6 +58,28 @@ def _below(node: Node, ancestor: Node) -> bool:
     return False
 
 
+def unjudged_below(candidate: Candidate, candidates: list[Candidate]) -> list[Candidate]:
+    """The calls inside ``candidate`` that could not be judged, and that no call between them and
+    ``candidate`` judged the same math (a passing parent vouches for what it ran)."""
+    passing = [c for c in candidates if c.verdict in PASSING and _below(c.node_a, candidate.node_a)]
+    return [c for c in candidates if c.verdict == NOT_COMPARABLE and _below(c.node_a, candidate.node_a)
+            and not any(_below(c.node_a, p.node_a) for p in passing)]
+
+
+def open_calls(candidates: list[Candidate]) -> list[Candidate]:
+    """Calls that could not be judged and that no call around them judged the same math."""
+    passing = [c for c in candidates if c.verdict in PASSING]
+    return [c for c in candidates if c.verdict == NOT_COMPARABLE
+            and not any(_below(c.node_a, p.node_a) for p in passing)]
+
+
+def _undecided(candidate: Candidate, unjudged: list[Candidate]) -> str:
+    first = unjudged[0]
+    more = f" (and {len(unjudged) - 1} more)" if len(unjudged) > 1 else ""
+    return (f"{first.module_path_b} inside it could not be judged{more} ({first.reason or 'not comparable'}): "
+            "the mistake may be there")
+
+
 def decide(candidates: list[Candidate], rerun: Callable[[Candidate, list[Candidate]], str] | None) -> None:
     """Fill each candidate's ``decision``; ``rerun(parent, children)`` returns the parent's patched verdict.
 
@@ -57,7 +90,11 @@ def decide(candidates: list[Candidate], rerun: Callable[[Candidate, list[Candida
         if candidate.verdict not in BLAMING:
             continue
         below = [c for c in culprits if _below(c.node_a, candidate.node_a)]
+        unjudged = unjudged_below(candidate, candidates)
         if not below:
+            if unjudged:
+                candidate.decision = Decision(undecided=_undecided(candidate, unjudged))
+                continue
             candidate.decision = Decision(culprit=True)
             culprits.append(candidate)
             continue
@@ -65,6 +102,8 @@ def decide(candidates: list[Candidate], rerun: Callable[[Candidate, list[Candida
         patched_verdict = rerun(candidate, below) if rerun is not None else None
         if patched_verdict is None or patched_verdict not in BLAMING:
             candidate.decision = Decision(explained_by=names)
+        elif unjudged:
+            candidate.decision = Decision(undecided=_undecided(candidate, unjudged))
         else:
             candidate.decision = Decision(
                 culprit=True, note=f"still {patched_verdict} with the outputs of {len(below)} culprit "

@@ -45,13 +45,13 @@ from ..errors import TraceFormatError, UsageError
 from ..maps.rules import _UNSET, MapSpec, SlotRules, apply_rename, map_argument, read_map
 from ..trace.load import Trace, load_trace
 from ..trace.model import Node
-from .culprits import Candidate, decide
+from .culprits import Candidate, decide, open_calls
 from .inputs import NotRebuildable, Target, output_slots, rebuild_inputs
 from .layout import bound_to
 from .oracle import NOISE_MULTIPLIER, float64_copy, oracle_device
 from .patching import Replacements, patched
 from .placement import check_device, module_device, param_dtype, prepared
-from .result import Replay, ReplayedCall, SkippedCall
+from .result import NOT_COMPARABLE, Replay, ReplayedCall, SkippedCall
 from .runner import CallOutcome, CallSetup, replay_call
 from .shadow import ShadowRun, seed_rng, shadow_run
 
@@ -127,7 +127,7 @@ def replay(
     return Replay(trace_a=str(trace.directory), model_b=type(model_b).__name__, oracle=oracle,
                   device=str(run_device), seed=seed, modules=calls, skipped=tuple(job.skipped),
                   noise_multiplier=NOISE_MULTIPLIER, end_to_end=job.end_to_end, warnings=tuple(job.warnings),
-                  patched=patch, seconds=time.perf_counter() - started)
+                  patched=patch, undecided=tuple(job.undecided), seconds=time.perf_counter() - started)
 
 
 def _check_replayable(trace: Trace) -> None:
@@ -189,6 +189,8 @@ class _Job:
         self.shadow = ShadowRun(trace=None)
         self.root_inputs: tuple[tuple[Any, ...], dict[str, Any]] | None = None
         self.patch_effects: dict[int, float] = {}
+        self.undecided: list[str] = []
+        self.unrun: list[tuple[Node, Node, str]] = []  # skipped calls that may hold a mistake (see _skip)
 
     # --- matching -----------------------------------------------------------------------------------------
 
@@ -239,7 +241,7 @@ class _Job:
                 if a.phase != "forward":
                     continue
                 if (id(a), id(b)) in matching.outputs_only or inputs_set_aside(a, b, self.slots):
-                    self._skip(a, b, _OUTPUTS_ONLY)
+                    self._skip(a, b, _OUTPUTS_ONLY, unjudged=True)
                     continue
                 pairs.append((a, b))
             return pairs
@@ -255,7 +257,7 @@ class _Job:
                           module_type=type(self.modules[relative]).__name__, depth=node.depth,
                           enter_order=node.enter_order)
             if inputs_set_aside(node, node_b, self.slots):
-                self._skip(node, node_b, _OUTPUTS_ONLY)
+                self._skip(node, node_b, _OUTPUTS_ONLY, unjudged=True)
                 continue
             pairs.append((node, node_b))
         return pairs
@@ -299,9 +301,14 @@ class _Job:
                 bar.close()
         self._decide()
 
-    def _skip(self, node_a: Node, node_b: Node, reason: str) -> None:
+    def _skip(self, node_a: Node, node_b: Node, reason: str, *, unjudged: bool = False) -> None:
+        """List a paired call that is not replayed; ``unjudged``: one that may hold a mistake no row saw (paired
+        on its outputs only, or inputs that cannot be rebuilt), which a difference around it cannot be
+        blamed past (see ``culprits``)."""
         self.skipped.append(SkippedCall(module_path_b=node_b.module_path, call_index=node_b.call_index,
                                         module_path_a=node_a.module_path, reason=reason))
+        if unjudged:
+            self.unrun.append((node_a, node_b, reason))
 
     def _setup(self, node_a: Node, node_b: Node) -> CallSetup | None:
         module = self.modules.get(node_b.relative_path)
@@ -337,7 +344,7 @@ class _Job:
         try:
             outcome = replay_call(setup, oracle=self.oracle)
         except NotRebuildable as e:
-            self._skip(node_a, node_b, str(e))
+            self._skip(node_a, node_b, str(e), unjudged=True)
             return
         finally:
             setup.tensors.clear()  # payloads are read again only for culprits
@@ -346,10 +353,20 @@ class _Job:
     # --- culprits and patches -----------------------------------------------------------------------------
 
     def _decide(self) -> None:
-        candidates = [Candidate(key=i, node_a=d.node_a, module_path_b=d.node_b.module_path, verdict=d.outcome.verdict)
-                      for i, d in enumerate(self.done)]
-        decide(candidates, self._rerun_patched if self.shadow.trace is not None else None)
+        candidates = [Candidate(key=i, node_a=d.node_a, module_path_b=d.node_b.module_path, verdict=d.outcome.verdict,
+                                reason=d.outcome.reason) for i, d in enumerate(self.done)]
+        unrun = [Candidate(key=-1 - i, node_a=node_a, module_path_b=node_b.module_path, verdict=NOT_COMPARABLE,
+                           reason=f"not replayed: {reason}") for i, (node_a, node_b, reason) in enumerate(self.unrun)]
+        decide(candidates + unrun, self._rerun_patched if self.shadow.trace is not None else None)
         self.decisions = {c.key: c.decision for c in candidates}
+        # a verdict needs evidence: a call that differs with an unjudged call inside it, or an unjudged call that
+        # nothing around it vouches for, leaves the replay undecided
+        self.undecided = [f"{c.module_path_b} (call {self.done[c.key].node_b.call_index}) differs, but "
+                          f"{c.decision.undecided}" for c in candidates if c.decision.undecided]
+        named = {c.decision.undecided.split(" ", 1)[0] for c in candidates if c.decision.undecided}
+        self.undecided += [f"{c.module_path_b} (call {self.done[c.key].node_b.call_index}) could not be judged "
+                           f"({c.reason or 'not comparable'}) and no call around it was judged the same math"
+                           for c in open_calls(candidates) if c.module_path_b not in named]
 
     def _recorded_outputs(self, done: _Done) -> dict[str, torch.Tensor]:
         """A's recorded outputs of a call, under B's output slots (``outputs`` in A may be ``outputs.0`` in B)."""
@@ -460,6 +477,8 @@ class _Job:
             reason = done.outcome.reason
             if decision.note:
                 reason = f"{reason}; {decision.note}" if reason else decision.note
+            if decision.undecided:
+                reason = f"{reason}; undecided: {decision.undecided}" if reason else f"undecided: {decision.undecided}"
             if decision.explained_by:
                 reason = f"{reason}; explained by {', '.join(decision.explained_by)}" if reason else \
                     f"explained by {', '.join(decision.explained_by)}"

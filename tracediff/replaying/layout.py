@@ -16,10 +16,13 @@ import itertools
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 
 from ..alignment.pairing.slots import Parameters, pair_tensors
+from ..compare.masks import MASKED_AT, as_masks
 from ..trace.model import Node, TensorRecord
+from ..trace.payload import payload_of
 from .inputs import cast, substitute
 
 Loader = Callable[[TensorRecord], torch.Tensor]
@@ -42,7 +45,11 @@ def inputs_in_b_layout(node_a: Node, node_b: Node, b_inputs: tuple[tuple[Any, ..
         record = from_a.get(slot)
         if record is None or record.payload is None:
             return own
-        value = fitted(load(record), own)
+        loaded = load(record)
+        mask = in_b_convention(loaded, own)
+        if mask is not None:  # a mask written otherwise: A's masked positions, in B's convention
+            return mask
+        value = fitted(loaded, own)
         if value is None:
             return own
         return cast(value, own.dtype if own.is_floating_point() else None, own.device)
@@ -50,6 +57,38 @@ def inputs_in_b_layout(node_a: Node, node_b: Node, b_inputs: tuple[tuple[Any, ..
     args, kwargs = b_inputs
     return (substitute(tuple(args), fill, "inputs.args"), substitute(dict(kwargs), fill, "inputs.kwargs"),
             outputs)
+
+
+def in_b_convention(value: torch.Tensor, own: torch.Tensor) -> torch.Tensor | None:
+    """A's attention mask ``value`` written as B's own mask ``own`` is written (boolean keep or drop, additive,
+    0/1, B's shape), when the two are masks in other conventions (:mod:`tracediff.compare.masks`); None
+    otherwise. A mask masking the same positions is B's own value unchanged."""
+    pair = as_masks(payload_of(value.detach().cpu()), payload_of(own.detach().cpu()))
+    if pair is None:
+        return None
+    if pair.same:
+        return own
+    masked = torch.from_numpy(np.ascontiguousarray(pair.a))
+    if tuple(masked.shape) != tuple(own.shape):
+        if masked.numel() != own.numel():
+            return None
+        masked = masked.reshape(own.shape)
+    masked = masked.to(own.device)
+    if pair.convention_b == "boolean keep":
+        return ~masked
+    if pair.convention_b == "boolean drop":
+        return masked
+    if pair.convention_b == "0/1 keep":
+        return (~masked).to(own.dtype)
+    fill = own.min() if bool((own <= MASKED_AT).any()) else torch.finfo(own.dtype).min
+    return torch.zeros_like(own).masked_fill(masked, fill)
+
+
+def output_partners(node_a: Node, node_b: Node, parameters: Parameters = (None, None)) -> dict[str, str]:
+    """A's output slot -> B's, as ``align`` pairs them (``outputs`` with ``outputs.0`` of an attention that
+    returns its weights too)."""
+    pairs, _, _ = pair_tensors(node_a, node_b, parameters=parameters)
+    return {a.slot: b.slot for a, b in pairs if a.slot.startswith("outputs")}
 
 
 def fitted(value: torch.Tensor, like: torch.Tensor) -> torch.Tensor | None:

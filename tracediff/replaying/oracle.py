@@ -32,9 +32,11 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 NOISE_MULTIPLIER = 8.0
 
@@ -45,10 +47,71 @@ def oracle_device(device: torch.device) -> torch.device:
 
 
 def float64_copy(model: nn.Module, device: torch.device) -> nn.Module:
-    """A float64 copy of ``model`` on ``device`` (floating parameters and buffers converted)."""
+    """A float64 copy of ``model`` on ``device``, consistent in float64 wherever a tensor comes from.
+
+    Floating parameters and buffers are converted, and so are the tensors its modules keep in plain
+    attributes (rotary tables cached as ``_cos_cached``, a mask built once); every submodule call casts
+    its floating inputs (positional, keyword, nested) to float64 on entry, and inside :func:`float64_ops`
+    (where the copy runs) so does every op, so a value made in float32 at call time (a table or mask
+    computed from a float32 constant) never meets a float64 one in a kernel that wants one dtype
+    (``scaled_dot_product_attention``, ``matmul``).
+    """
     clone = copy.deepcopy(model)
     # positional: some models override ``to`` with one positional argument (transformer-lens)
-    return clone.to(device).to(torch.float64).eval()
+    clone = clone.to(device).to(torch.float64).eval()
+    for module in clone.modules():
+        for name, value in list(vars(module).items()):
+            if name in ("_parameters", "_buffers", "_modules"):  # converted by ``to`` above
+                continue
+            converted = _in_float64(value)
+            if converted is not value:
+                object.__setattr__(module, name, converted)
+        module.register_forward_pre_hook(_float64_inputs, with_kwargs=True)
+    return clone
+
+
+def _in_float64(value: Any) -> Any:
+    """``value`` with every floating tensor in float64 (tuples, lists and dicts rebuilt); as is otherwise."""
+    if isinstance(value, torch.Tensor):
+        return value.to(torch.float64) if value.is_floating_point() and value.dtype != torch.float64 else value
+    if isinstance(value, (tuple, list)):
+        items = [_in_float64(item) for item in value]
+        if all(x is y for x, y in zip(items, value)):
+            return value
+        return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
+    if type(value) is dict:
+        changed = {key: _in_float64(item) for key, item in value.items()}
+        return value if all(changed[key] is value[key] for key in value) else changed
+    return value
+
+
+class _Float64Ops(TorchFunctionMode):
+    """Every torch function sees its floating tensor arguments in float64 (in-place ops and attribute reads
+    excepted: they must act on the tensor itself)."""
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        in_place = (name.endswith("_") and not name.endswith("__")) or name.startswith("__i") or \
+            name in ("__get__", "__set__", "__setitem__", "__delitem__")
+        if not in_place:
+            args, kwargs = _in_float64(args), _in_float64(kwargs)
+        return func(*args, **kwargs)
+
+
+def float64_ops() -> TorchFunctionMode:
+    """A context in which the float64 copy runs: a tensor its code makes at call time in another floating
+    dtype (a table from a float32 constant, a mask from ``torch.full``) enters each op in float64."""
+    return _Float64Ops()
+
+
+def _float64_inputs(_module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+                    ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+    new_args, new_kwargs = _in_float64(args), _in_float64(kwargs)
+    if new_args is args and new_kwargs is kwargs:
+        return None
+    return new_args, new_kwargs
 
 
 @dataclass(frozen=True)

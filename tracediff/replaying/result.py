@@ -155,6 +155,9 @@ class Replay:
     warnings: tuple[str, ...] = ()
     patched: bool = False
     seconds: float = 0.0
+    #: why the replay cannot pass: calls that differ with an unjudged call inside them, and unjudged calls
+    #: that no call around them judged the same math (see ``tracediff.replaying.culprits``)
+    undecided: tuple[str, ...] = ()
 
     @property
     def culprits(self) -> tuple[ReplayedCall, ...]:
@@ -184,16 +187,25 @@ class Replay:
 
     @property
     def passed(self) -> bool:
-        """No culprit, and something was compared (a replay that compared nothing never passes). Calls that
-        could not be compared are listed (``not_comparable``); they do not fail the replay."""
-        return not self.culprits and self.compared > 0
+        """No culprit, nothing undecided, and something was compared: a replay that compared nothing, or in
+        which a call that could not be judged may hold the mistake (``undecided``), never passes."""
+        return not self.culprits and not self.undecided and self.compared > 0
+
+    @property
+    def verdict(self) -> str:
+        """``passed``, ``diverged`` (culprits), ``undecided`` (see ``undecided``) or ``nothing compared``."""
+        if self.culprits:
+            return "diverged"
+        if self.compared == 0:
+            return "nothing compared"
+        return "undecided" if self.undecided else "passed"
 
     def __bool__(self) -> bool:
         return self.passed
 
     def __repr__(self) -> str:
         state = "passed" if self.passed else f"{len(self.culprits)} culprit(s)" if self.culprits \
-            else "nothing comparable"
+            else "undecided" if self.undecided else "nothing comparable"
         return (f"<Replay {state}: {len(self.modules)} calls replayed, {len(self.skipped)} skipped, "
                 f"oracle {'on' if self.oracle else 'off'}>")
 
@@ -230,6 +242,8 @@ class Replay:
         return {
             "format_version": REPLAY_FORMAT_VERSION,
             "passed": self.passed,
+            "verdict": self.verdict,
+            "undecided": list(self.undecided),
             "trace_a": self.trace_a,
             "model_b": self.model_b,
             "oracle": self.oracle,

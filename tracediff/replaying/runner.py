@@ -19,8 +19,8 @@ from ..compare.tolerance import default_tolerance
 from ..trace.load import Trace
 from ..trace.model import Node, TensorRecord
 from .inputs import NotRebuildable, Target, cast, output_slots, rebuild_inputs, substitute
-from .layout import fitted, inputs_in_b_layout, layouts_differ
-from .oracle import NOISE_MULTIPLIER, judge
+from .layout import fitted, inputs_in_b_layout, layouts_differ, output_partners
+from .oracle import NOISE_MULTIPLIER, float64_ops, judge
 from .result import B_DIFFERS, NOT_COMPARABLE, OUT_OF_TOLERANCE, SAME_MATH, WITHIN_TOLERANCE, ReplayedTensor
 from .shadow import seed_rng
 
@@ -107,7 +107,10 @@ def replay_call(setup: CallSetup, *, oracle: bool, patch: Callable[[], Any] | No
             return CallOutcome([], NOT_COMPARABLE, reason, time.perf_counter() - started)
     b_args, b_kwargs = (args, kwargs) if in_b_layout else ((), {})
     del args, kwargs
-    produced = _under_a_slots(dict(output_slots(output)), out_slots, recorded)
+    produced_b = dict(output_slots(output))
+    if out_slots is None and setup.node_b is not None and not set(recorded) <= set(produced_b):
+        out_slots = output_partners(setup.node_a, setup.node_b, setup.parameters)  # ``outputs`` as ``outputs.0``
+    produced = _under_a_slots(produced_b, out_slots, recorded)
     mismatched_inputs = _inputs_not_equivalent(setup)
 
     def rows_with(exact: dict[str, torch.Tensor], oracle_error: str = "") -> list[ReplayedTensor]:
@@ -124,7 +127,8 @@ def replay_call(setup: CallSetup, *, oracle: bool, patch: Callable[[], Any] | No
                 args64, kwargs64 = _moved(b_args, twin[1]), _moved(b_kwargs, twin[1])
             else:
                 args64, kwargs64 = rebuild_inputs(setup.trace, setup.node_a, twin[1], load=setup.load)
-            exact = dict(output_slots(_run(twin[0], args64, kwargs64, setup.seed, twin_patch)))
+            with float64_ops():
+                exact = dict(output_slots(_run(twin[0], args64, kwargs64, setup.seed, twin_patch)))
             rows = rows_with(_under_a_slots(exact, out_slots, recorded))
         except NotRebuildable:
             raise
@@ -140,6 +144,9 @@ def _under_a_slots(produced: dict[str, torch.Tensor], out_slots: dict[str, str] 
     if out_slots is None:
         return produced
     out = {}
+    for slot_a in recorded.keys() - out_slots.keys():  # slots the pairing left alone keep their name
+        if slot_a in produced:
+            out[slot_a] = produced[slot_a]
     for slot_a, slot_b in out_slots.items():
         value = produced.get(slot_b)
         if value is not None and slot_a in recorded:

@@ -9,6 +9,10 @@ no payloads the same shape, dtype and statistics), the pair's output is also com
 
 The search stops at paired calls (their outputs have pairs of their own), and skips calls that return one
 of their inputs (a dropout in eval mode computes nothing).
+
+The same question asked of the first divergence (:func:`likely_source`): a call of B with no partner whose
+outputs feed it (transformers' ``rotary_emb``, a relative-position bias computed once) is named as the
+likely site, with the evidence.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from ...trace.model import Node, TensorRecord
-from ..result import Job
+from ..result import Job, LikelySource, TensorComparison
 
 
 @dataclass(frozen=True)
@@ -59,3 +63,75 @@ def _same_value(one: TensorRecord, other: TensorRecord) -> bool:
         return one.payload == other.payload
     return (one.shape == other.shape and one.dtype == other.dtype and bool(one.stats)
             and one.stats == other.stats and bool(one.stats.get("std")))
+
+
+def likely_source(first: TensorComparison, jobs: list[Job], unpaired_b: list[Node]) -> LikelySource | None:
+    """B's call with no partner whose outputs feed the first divergence, when there is one (issue 35).
+
+    What feeds the first divergence: the diverging tensor itself when it is an input (it changed between recorded
+    calls), the inputs of its call compared with nothing before it (only B has them: a rotary table, a relative-
+    position bias), and for an input, those of the caller whose code made it. A call of B with no partner that ran
+    before and returned one of them (the same payload) computed something two traces cannot compare. When that
+    call itself reads values compared nowhere that an earlier call with no partner returned (an attention with no
+    partner reading ``rotary_embeddings``' tables), the search goes on there: the likely source is where the
+    uncompared values start, and the evidence names every link. None when no such call feeds the first divergence.
+    """
+    if first.order >= len(jobs):
+        return None
+    _, _, node_b, record_b = jobs[first.order]
+    # compared before the first divergence, so within tolerance; a value compared only later vouches for nothing
+    compared = {id(job[3]) for job in jobs[:first.order]}
+    compared_payloads = {job[3].payload for job in jobs[:first.order] if job[3].payload is not None}
+
+    def uncompared(node: Node) -> list[TensorRecord]:
+        return [r for r in node.inputs() if id(r) not in compared
+                and (r.payload is None or r.payload not in compared_payloads)]
+
+    feeding: list[tuple[Node, TensorRecord, str]] = []
+    if first.tensor.startswith("inputs"):
+        feeding.append((node_b, record_b, f"diverged, max_abs_err {first.max_abs_err:.3g}"))
+        if node_b.parent is not None:  # the caller's own code made it, from what it was given
+            feeding += [(node_b.parent, r, "compared with nothing before") for r in uncompared(node_b.parent)]
+    feeding += [(node_b, r, "compared with nothing before") for r in uncompared(node_b) if r is not record_b]
+    evidence: list[str] = []
+    found: Node | None = None
+    seen: set[int] = set()
+    while feeding:
+        producer = _producer(feeding, unpaired_b, seen)
+        if producer is None:
+            break
+        node, made, consumer, record, how = producer
+        seen.add(id(node))
+        evidence.append(f"{node.module_path} {made.slot} is {consumer.module_path} {record.slot} ({how})")
+        found = node
+        feeding = [(node, r, "compared with nothing before") for r in uncompared(node)]
+    if found is None:
+        return None
+    # the diverging tensor itself came from it (through calls with no partner), or only what the code that made
+    # the divergence also read: then it may hold the mistake, or that code may, and two traces cannot say which
+    direct = "(diverged" in evidence[0]
+    how = "its outputs are the diverging tensor" if direct and len(evidence) == 1 else \
+        "it feeds the diverging tensor through calls with no partner either" if direct else \
+        "the code that made the first divergence read its outputs (or that code holds the mistake: two traces " \
+        "cannot say which)"
+    return LikelySource(module_path_b=found.module_path, call_index=found.call_index, evidence=tuple(evidence),
+                        reason=f"{found.module_path} has no partner in A, so what it computes was compared "
+                               f"nowhere; {how}")
+
+
+def _producer(feeding: list[tuple[Node, TensorRecord, str]], unpaired_b: list[Node], seen: set[int]
+              ) -> tuple[Node, TensorRecord, Node, TensorRecord, str] | None:
+    """The latest unpaired call that ran before a consumer of ``feeding`` and returned one of its values."""
+    for consumer, record, how in feeding:
+        enclosing = set()
+        parent: Node | None = consumer
+        while parent is not None:
+            enclosing.add(id(parent))
+            parent = parent.parent
+        before = [n for n in unpaired_b if n.enter_order < consumer.enter_order and id(n) not in enclosing
+                  and id(n) not in seen]
+        for node in sorted(before, key=lambda n: -n.enter_order):
+            made = next((o for o in node.outputs() if _same_value(o, record)), None)
+            if made is not None and not any(_same_value(i, record) for i in node.inputs()):
+                return node, made, consumer, record, how
+    return None

@@ -93,7 +93,10 @@ def pair_tensors(node_a: Node, node_b: Node, slots: SlotRules | None = None, val
     for head in ("inputs", "outputs", "grad_outputs", "grad_inputs") if left_a and left_b else ():
         spare_a = [t for t in left_a if t.slot.split(".")[0] == head]
         spare_b = [t for t in left_b if t.slot.split(".")[0] == head]
-        found = _by_value(spare_a, spare_b, values) if values is not None else []
+        found = _masks_alike(spare_a, spare_b)
+        used = {id(t) for pair in found for t in pair}
+        found += _by_value([t for t in spare_a if id(t) not in used], [t for t in spare_b if id(t) not in used],
+                           values) if values is not None else []
         taken_a, taken_b = {id(x) for x, _ in found}, {id(y) for _, y in found}
         taken_a |= claimed
         taken_b |= claimed
@@ -160,6 +163,46 @@ def _known_integers(record: TensorRecord, values: Values | None) -> bool:
 
 def _integers(record: TensorRecord) -> bool:
     return "int" in (record.dtype or "") or record.dtype in ("torch.bool", "bool")
+
+
+def _masked_fractions(record: TensorRecord) -> set[float]:
+    """The share of positions an attention mask masks, in each convention its statistics allow (a boolean:
+    keep or drop; an additive mask: 0 and at most -1e4); empty for anything else."""
+    stats, numel = record.stats, record.stats.get("numel")
+    zeros, low, high = stats.get("zeros"), stats.get("min"), stats.get("max")
+    if not isinstance(numel, (int, float)) or not numel or not isinstance(zeros, (int, float)):
+        return set()
+    kept = zeros / numel
+    if record.dtype in ("torch.bool", "bool"):
+        return {kept, 1.0 - kept}
+    if isinstance(low, (int, float)) and isinstance(high, (int, float)) and high == 0 and low <= -1e4:
+        return {1.0 - kept}
+    return set()
+
+
+def _masks_alike(spare_a: list[TensorRecord], spare_b: list[TensorRecord]) -> TensorPairs:
+    """Attention masks in other conventions (a boolean keep-mask, an additive mask) that mask the same share
+    of positions, of one size or broadcast: value evidence that statistics-based similarity cannot see
+    (their values differ everywhere a position is masked). Each tensor at most once, in recorded order."""
+    out: TensorPairs = []
+    used: set[int] = set()
+    for x in spare_a:
+        fractions = _masked_fractions(x)
+        if not fractions or x.shape is None:
+            continue
+        for y in spare_b:
+            if id(y) in used or y.shape is None or (x.dtype == y.dtype):
+                continue
+            if any(abs(f - g) < 1e-9 for f in fractions for g in _masked_fractions(y)) and \
+                    _broadcastable(squeezed(x.shape), squeezed(y.shape)):
+                out.append((x, y))
+                used.add(id(y))
+                break
+    return out
+
+
+def _broadcastable(x: tuple[int, ...], y: tuple[int, ...]) -> bool:
+    return all(p == q or p == 1 or q == 1 for p, q in zip(reversed(x), reversed(y)))
 
 
 def _by_value(spare_a: list[TensorRecord], spare_b: list[TensorRecord], values: Values) -> TensorPairs:

@@ -28,7 +28,7 @@ def register(sub: Any) -> None:
     p = sub.add_parser("replay", help="run B's modules on A's recorded inputs: which of B's modules is wrong?",
                        description="Replay each module call of B on the inputs A's trace recorded for it, and "
                                    "name the innermost modules whose own math differs from A's.",
-                       epilog=EXAMPLE + "\n\n" + exit_codes_help("no culprit", "at least one culprit"),
+                       epilog=EXAMPLE + "\n\n" + exit_codes_help("no culprit", "at least one culprit, or undecided"),
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("trace_a", metavar="TRACE_A", help="reference trace folder (or its JSON file), with payloads")
     p.add_argument("spec_b", metavar="SPEC_B", help="script.py:function or package.module:function building B")
