@@ -33,7 +33,7 @@ from .errors import TraceFormatError
 
 #: ``"MAJOR.MINOR"``. A reader refuses a newer MAJOR and ignores what it does not know within a MAJOR.
 #: Traces of tracediff 0.1 carry the integer ``1``, read as ``"1.0"``.
-FORMAT_VERSION = "1.3"
+FORMAT_VERSION = "1.4"
 
 # --- files --------------------------------------------------------------------------------------------------
 
@@ -243,9 +243,13 @@ LEGACY_PY_VALUE = "value"
 FORMAT_VERSION_KEY = "format_version"
 PRODUCER_KEY = "tracediff_version"
 COMPLETE_KEY = "complete"
+FRAMEWORK = "framework"  # the framework of the captured model: "torch" or "mlx" (metadata, spec section 7)
+FRAMEWORK_VERSION = "framework_version"
+TORCH_FRAMEWORK = "torch"
 #: Every key of ``tracediff_metadata.json``, in the order written. Adding one is a MINOR version change.
 METADATA_KEYS = (
-    FORMAT_VERSION_KEY, PRODUCER_KEY, "torch_version", "python_version", "transformers_version", "model_class",
+    FORMAT_VERSION_KEY, PRODUCER_KEY, FRAMEWORK, FRAMEWORK_VERSION,
+    "torch_version", "python_version", "transformers_version", "model_class",
     "model_name", "devices", "dtypes", "world_size", "rank", "created", "options", COMPLETE_KEY, ERROR,
     "capture_failure", "calls", "payload_files", "payload_bytes", "verification", "forward_parameters",
 )

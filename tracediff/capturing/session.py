@@ -20,6 +20,11 @@ tools can read, with what the standard trace loses put back:
 * ``tracediff_metadata.json`` records versions, devices, dtypes, ranks,
   options, and whether the trace is complete.
 
+An ``mlx.nn.Module`` is captured the same way, into the same trace (the
+metadata's ``framework`` says which): see docs/frameworks.md and
+``tracediff/capturing/mlx_adapter.py``; op-level capture, backward,
+``verify`` and the ``generate`` options are for torch models only.
+
 The model's outputs and autograd are untouched. If the forward raises, the
 trace recorded so far is written, marked incomplete with the module that
 raised, and the exception propagates. ``verify=True`` reruns the first
@@ -58,6 +63,8 @@ from .distributed import current_rank, world_size
 from .encode import Encoder, TensorMode
 from .journal import Journal, claim_folder, held_claim
 from .kv_cache import with_cache_layer
+from .mlx_adapter import FRAMEWORK as MLX_FRAMEWORK
+from .mlx_adapter import MlxCallPatch, check_mlx_options, is_mlx_module, mlx_version
 from .ops import op_capture, select_ops
 from .pipeline import DEFAULT_POOL_MB, check_pipeline_options, close_pipeline, payload_pipeline
 from .signals import termination_as_interrupt
@@ -258,6 +265,8 @@ def capture(
     Args:
         model: the module to trace. Every submodule's ``forward`` is wrapped
             for the duration of the block and restored exactly afterwards.
+            An ``mlx.nn.Module`` is traced through its classes' ``__call__``,
+            restored as exactly; its arrays are evaluated where recorded.
         out_dir: the trace folder. It must be empty or absent, unless
             ``overwrite=True``, which first removes the files of an earlier trace.
         tensors: ``"full"`` (default) writes one safetensors payload per
@@ -312,6 +321,9 @@ def capture(
         A ``CaptureSession``, complete once the block exits.
 
     Raises:
+        UsageError: an option a torch model only supports, given with an MLX
+            model (``ops``, ``backward``, ``verify``, ``steps``,
+            ``teacher_forcing``, ``full_dtensor``), or a model of neither kind.
         OutputDirError: ``out_dir`` is a file, not writable, or holds a trace;
             or writing a payload failed mid-capture (the trace written so far
             is kept and marked incomplete).
@@ -321,6 +333,12 @@ def capture(
     """
     if tensors not in _TENSOR_MODES:
         raise UsageError(f"tensors={tensors!r}: expected one of {', '.join(_TENSOR_MODES)}")
+    mlx = is_mlx_module(model)
+    if mlx:
+        check_mlx_options(verify=verify, backward=backward, ops=ops, ops_exclude=ops_exclude, ops_in=ops_in,
+                          full_dtensor=full_dtensor, steps=steps, teacher_forcing=teacher_forcing)
+    elif not isinstance(model, nn.Module):
+        raise UsageError(f"model: expected a torch.nn.Module or an mlx.nn.Module, got {type(model).__name__}")
     check_pipeline_options(writers, pool_mb)
     selected_steps = parse_steps(steps)
     forcing = read_reference_tokens(teacher_forcing) if teacher_forcing is not None else None
@@ -354,7 +372,9 @@ def capture(
     recorder.journal = Journal(folder)
     recorder.steps = StepTracker(model, encoder, selected_steps, fail=recorder.stopped, forcing=forcing)
     op_recorder = op_capture(recorder, op_selection)
-    patch = ForwardPatch(model, op_recorder or recorder, root_name=recorder.model_name)
+    patch: ForwardPatch | MlxCallPatch = (
+        MlxCallPatch(model, recorder, root_name=recorder.model_name) if mlx
+        else ForwardPatch(model, op_recorder or recorder, root_name=recorder.model_name))
     recorder.backward = BackwardRecorder(model, recorder.model_name, recorder._encode, recorder.counts,
                                          on_recorded=recorder.backward_recorded) if backward else None
     options = {"tensors": tensors, "prune_layers": prune_layers, "verify": verify, "ranks": ranks,
@@ -480,8 +500,11 @@ def _finish(
     session.complete = (
         recorder.tree is not None and recorder.escaped_error is None and recorder.failure is None and not open_calls
     )
+    mlx = is_mlx_module(model)
     metadata = fmt.metadata_entry({
         "tracediff_version": __version__,
+        fmt.FRAMEWORK: MLX_FRAMEWORK if mlx else fmt.TORCH_FRAMEWORK,
+        fmt.FRAMEWORK_VERSION: mlx_version() if mlx else torch.__version__,
         "torch_version": torch.__version__,
         "python_version": platform.python_version(),
         "transformers_version": _imported_version("transformers"),
@@ -500,7 +523,7 @@ def _finish(
         "payload_files": encoder.files,
         "payload_bytes": encoder.payload_bytes,
         "verification": session.verification.to_dict() if session.verification is not None else None,
-        "forward_parameters": forward_parameters(model),
+        "forward_parameters": forward_parameters(model, method="__call__" if mlx else "forward"),
     })
     session.metadata = metadata
     try:
