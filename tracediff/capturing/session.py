@@ -69,6 +69,7 @@ from .ops import op_capture, select_ops
 from .pipeline import DEFAULT_POOL_MB, check_pipeline_options, close_pipeline, payload_pipeline
 from .signals import termination_as_interrupt
 from .signatures import forward_parameters
+from .stats import numpy_stats
 from .tokens import check_forcing_model, forcing_option, read_reference_tokens
 from .verify import Verification, compare_outputs
 
@@ -366,7 +367,8 @@ def capture(
         return
 
     pipeline = payload_pipeline(tensors, writers, pool_mb)
-    encoder = Encoder(folder, tensors, full_dtensor=full_dtensor, pipeline=pipeline)
+    encoder = Encoder(folder, tensors, full_dtensor=full_dtensor, pipeline=pipeline,
+                      measure=numpy_stats if mlx else None)
     bar = _progress_bar(progress)
     recorder = _NativeRecorder(model, encoder, bar)
     recorder.journal = Journal(folder)
