@@ -92,7 +92,7 @@ class MlxPortRun:
         import transformers
 
         torch.manual_seed(0)
-        config = getattr(transformers, self.port.config)(**COMMON, **self.port.settings)
+        config = getattr(transformers, self.port.config)(**{**COMMON, **self.port.settings})
         return spread_norms(getattr(transformers, self.port.model)(config).eval())
 
     def checkpoint(self, bug: MlxBug | None) -> Path:
@@ -265,6 +265,25 @@ def experts_swapped(layer: int, block: str) -> MlxBug:
                   f"model.layers.{layer}.{block}", edit_model=edit)
 
 
+def gemma_norm_plus_one(layer: int) -> MlxBug:
+    """Gemma's norm weights converted with the ``1 +`` already added, which mlx-lm's Gemma RMSNorm adds again."""
+    def edit(model: Any) -> None:
+        norm = model.model.layers[layer].input_layernorm
+        norm.weight = norm.weight + 1.0
+
+    return MlxBug("norm-plus-one", f"layer {layer}'s input norm weight converted as 1 + w (mlx-lm adds the 1)",
+                  f"model.layers.{layer}.input_layernorm", edit_model=edit)
+
+
+def gemma_embedding_scale() -> MlxBug:
+    """The embedding normalizer sqrt(hidden size) computed from another size (16 instead of 32)."""
+    def edit(model: Any) -> None:
+        model.model.args.hidden_size = 16
+
+    return MlxBug("embedding-scale", "the embedding scaled by sqrt(16) instead of sqrt(hidden size 32)", "model",
+                  edit_model=edit)
+
+
 def rope_theta_lost() -> MlxBug:
     """The checkpoint as transformers 5 writes it: ``rope_theta`` only under ``rope_parameters``, where this
     mlx-lm model does not look; it takes its own default (1e6) instead of the config's 1e4."""
@@ -279,6 +298,11 @@ PORTS = (
             (attention_scale(1), o_proj_transposed(1), norm_eps(1e-2))),
     MlxPort("mlx-phi3", "Phi3Config", "Phi3ForCausalLM", {"original_max_position_embeddings": 32, "pad_token_id": 0},
             (rope_traditional(1), attention_scale(0), o_proj_transposed(1))),
+    # mlx-lm's Gemma 2 ties lm_head to the embedding, and scales the embedding after embed_tokens, where
+    # transformers scales inside it (accepted: docs/frameworks.md)
+    MlxPort("mlx-gemma2", "Gemma2Config", "Gemma2ForCausalLM",
+            {"head_dim": 8, "sliding_window": 16, "tie_word_embeddings": True},
+            (gemma_norm_plus_one(0), gemma_embedding_scale(), kv_swapped(1))),
     MlxPort("mlx-mixtral", "MixtralConfig", "MixtralForCausalLM", {"num_local_experts": 4, "num_experts_per_tok": 2},
             (experts_swapped(0, "block_sparse_moe"), kv_swapped(1)), bf16=False),
     MlxPort("mlx-qwen2-moe", "Qwen2MoeConfig", "Qwen2MoeForCausalLM",

@@ -1,6 +1,6 @@
-"""transformers (A) against mlx-lm's own implementations (B) of five families, with zero options.
+"""transformers (A) against mlx-lm's own implementations (B) of six families, with zero options.
 
-Llama, Qwen3, Phi-3 (fused ``qkv_proj`` and ``gate_up_proj``), Mixtral and Qwen2-MoE (stacked experts,
+Llama, Qwen3, Phi-3 (fused ``qkv_proj`` and ``gate_up_proj``), Gemma 2, Mixtral and Qwen2-MoE (stacked experts,
 mlx-lm's own MoE block names): the clean conversions pass at the default tolerances, the bf16 ports pass
 with ``--baseline``, and each planted mistake is named at its module (tests/ports/mlx_harness.py).
 """
