@@ -39,11 +39,21 @@ class Block(nn.Module):
         return {"hidden": x + y, "parts": (y, [x])}
 
 
+class Holder(nn.Module):
+    """A container of parameters, never called: a class with no ``__call__`` at all."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = mx.zeros((2,))
+
+
 class Toy(nn.Module):
-    """Nested modules, a list of layers, a keyword argument, dict/tuple/list outputs, a module called twice."""
+    """Nested modules, a list of layers, a keyword argument, dict/tuple/list outputs, a module called twice,
+    a container that is never called."""
 
     def __init__(self, dim: int = 8) -> None:
         super().__init__()
+        self.holder = Holder()
         self.embed = nn.Linear(4, dim)
         self.layers = [Block(dim), Block(dim)]
         self.head = nn.Linear(dim, 3)

@@ -2,10 +2,10 @@
 
 An MLX module is called through its class's ``__call__`` (Python looks dunder methods up on the type, so
 an instance attribute would never be called). For the duration of a capture, ``MlxCallPatch`` wraps
-``__call__`` on each class the model uses; the wrapper reports only calls of the model's own instances,
-under the dotted path ``named_modules()`` gives them, and passes every other call (another model's
-module, a subclass's ``super().__call__``) straight through. ``restore()`` puts back exactly what each
-class had in its own ``__dict__``, after an exception too.
+``__call__`` on each class the model uses (:mod:`tracediff.capturing.class_call`); the wrapper reports
+only calls of the model's own instances, under the dotted path ``named_modules()`` gives them, and passes
+every other call (another model's module, a subclass's ``super().__call__``) straight through.
+``restore()`` puts back exactly what each class had in its own ``__dict__``, after an exception too.
 
 MLX is lazy: an array is a graph until evaluated. The wrapper evaluates every array it records
 (``mx.eval``) when the call begins (inputs) and when it returns (outputs), and hands the recorder host
@@ -19,10 +19,8 @@ already (it made the model). Replay and op-level capture of MLX models are out o
 
 from __future__ import annotations
 
-import functools
 import sys
 import weakref
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -30,8 +28,8 @@ import torch
 
 from ..errors import UsageError
 from ._patch import CallObserver
+from .class_call import ClassCallPatch, module_paths
 
-_MISSING = object()
 FRAMEWORK = "mlx"
 
 
@@ -60,18 +58,6 @@ def check_mlx_options(**options: Any) -> None:
         if value not in (False, None, (), [], 0, ""):
             raise UsageError(f"{name}={value!r} is not supported for MLX models: capture MLX without it "
                              "(module calls, inputs and outputs are recorded)")
-
-
-def module_paths(model: Any, root_name: str) -> dict[int, tuple[Any, str]]:
-    """``id(module) -> (module, path)`` for every module of ``model``; a shared module keeps its shortest name."""
-    names: dict[int, tuple[Any, list[str]]] = {}
-    for name, module in model.named_modules():
-        names.setdefault(id(module), (module, []))[1].append(name)
-    paths: dict[int, tuple[Any, str]] = {}
-    for key, (module, found) in names.items():
-        name = min(found, key=lambda n: (n.count("."), n))
-        paths[key] = (module, f"{root_name}.{name}" if name else root_name)
-    return paths
 
 
 class HostArrays:
@@ -143,59 +129,14 @@ class HostArrays:
         return tensor
 
 
-class MlxCallPatch:
-    """Wraps ``__call__`` of every class ``model`` uses; undone by ``restore()``.
+class MlxCallPatch(ClassCallPatch):
+    """Wraps ``__call__`` of every class an MLX ``model`` uses; undone by ``restore()``.
 
     ``root_name`` prefixes every path (``Model.model.layers.0``); the root is reported as ``root_name``.
     """
 
     def __init__(self, model: Any, observer: CallObserver, *, root_name: str) -> None:
-        self._saved: list[tuple[type, Any]] = []
-        self._paths = module_paths(model, root_name)
-        self._observer = observer
-        self._host = HostArrays()
-        classes = {type(module): None for module, _ in self._paths.values()}
-        try:
-            for cls in classes:
-                self._saved.append((cls, cls.__dict__.get("__call__", _MISSING)))
-                setattr(cls, "__call__", self._wrap(cls, _class_call(cls)))  # noqa: B010
-        except BaseException:
-            self.restore()
-            raise
-
-    def _wrap(self, cls: type, original: Callable[..., Any]) -> Callable[..., Any]:
-        paths, observer, host = self._paths, self._observer, self._host
-
-        @functools.wraps(original)
-        def call(module: Any, *args: Any, **kwargs: Any) -> Any:
-            known = paths.get(id(module))
-            if type(module) is not cls or known is None or known[0] is not module:
-                return original(module, *args, **kwargs)
-            token = observer.enter(module, known[1], host.convert(args), host.convert(kwargs))
-            try:
-                out = original(module, *args, **kwargs)
-            except BaseException as exc:
-                observer.error(token, exc)
-                raise
-            observer.exit(token, host.convert(out))
-            return out
-
-        return call
-
-    def restore(self) -> None:
-        """Put back every class's ``__call__`` as it was before the patch."""
-        for cls, saved in reversed(self._saved):
-            if saved is _MISSING:
-                if "__call__" in cls.__dict__:
-                    delattr(cls, "__call__")
-            else:
-                setattr(cls, "__call__", saved)  # noqa: B010 - a dunder put back on the class
-        self._saved.clear()
-
-
-def _class_call(cls: type) -> Callable[..., Any]:
-    """The ``__call__`` an instance of ``cls`` runs (the nearest class in the MRO that defines one)."""
-    return next(c.__dict__["__call__"] for c in cls.__mro__ if "__call__" in c.__dict__)
+        super().__init__(module_paths(model.named_modules(), root_name), observer, HostArrays().convert)
 
 
 def to_mlx(value: Any, like: Any = None) -> Any:
