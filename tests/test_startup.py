@@ -1,5 +1,5 @@
 """The command line starts without its heavy dependencies: --help and --version import no torch, pandas, deepdiff
-or mlx; reading and comparing traces import neither torch nor mlx."""
+or the other frameworks (mlx, jax, flax); reading and comparing traces import none of them."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 from tracediff.cli import commands
 
-HEAVY = ("torch", "pandas", "deepdiff", "mlx")
+HEAVY = ("torch", "pandas", "deepdiff", "mlx", "jax", "flax")
 
 # Runs each argv through the real entry point in one fresh interpreter and reports, per argv, the exit code
 # and which heavy modules had been imported by then.
@@ -79,7 +79,7 @@ FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 
 
 def _no_torch_report(argvs: list[list[str]]) -> list[list[object]]:
-    probe = _PROBE.format(heavy=("torch", "mlx"), argvs=argvs)
+    probe = _PROBE.format(heavy=("torch", "mlx", "jax", "flax"), argvs=argvs)
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300, check=True)
     report: list[list[object]] = json.loads(out.stdout)
     return report

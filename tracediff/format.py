@@ -243,7 +243,7 @@ LEGACY_PY_VALUE = "value"
 FORMAT_VERSION_KEY = "format_version"
 PRODUCER_KEY = "tracediff_version"
 COMPLETE_KEY = "complete"
-FRAMEWORK = "framework"  # the framework of the captured model: "torch" or "mlx" (metadata, spec section 7)
+FRAMEWORK = "framework"  # the framework of the captured model: "torch", "mlx" or "jax" (metadata, spec section 7)
 FRAMEWORK_VERSION = "framework_version"
 TORCH_FRAMEWORK = "torch"
 #: Every key of ``tracediff_metadata.json``, in the order written. Adding one is a MINOR version change.
