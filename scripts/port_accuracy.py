@@ -3,11 +3,14 @@
 
     python scripts/port_accuracy.py                  # every port; rewrites the table in docs/accuracy.md
     python scripts/port_accuracy.py --port whisper   # one port, printed only (docs untouched)
+    python scripts/port_accuracy.py --mlx            # only the mlx-lm ports; rewrites their table only
 
 Each cell is one run of ``tracediff align`` (or replay, or align on op-level traces) on two traces of a
 real port, and says whether the verdict was right: the exit code, and for a bug the module the first
 divergence names. The table sits between the two ``<!-- accuracy table -->`` markers of docs/accuracy.md.
-Needs the ports extra: ``pip install -c constraints.txt -e ".[ports]"``.
+Needs the ports extra: ``pip install -c constraints.txt -e ".[ports]"``. The mlx-lm ports (transformers
+against mlx-lm's own implementations, tests/ports/mlx_harness.py) have their own table, between the
+``<!-- mlx accuracy table -->`` markers, and need the mlx extra; without it they are skipped.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ PORTS = ("whisper", "esm", "transformer_lens", "transformer_lens_llama", "transf
          "research_llama", "research_vit")
 DOC = ROOT / "docs" / "accuracy.md"
 START, END = "<!-- accuracy table -->", "<!-- /accuracy table -->"
+MLX_START, MLX_END = "<!-- mlx accuracy table -->", "<!-- /mlx accuracy table -->"
 
 
 def load(name: str) -> object | None:
@@ -74,10 +78,66 @@ def table(outcomes: list[Outcome]) -> str:
     return "\n".join(lines)
 
 
+def mlx_table(outcomes: list[Outcome]) -> str:
+    lines = ["| port | case | expected | no options |", "|---|---|---|---|"]
+    for outcome in outcomes:
+        expected = f"exit {outcome.expected_exit}" + (f", `{outcome.expected_module}`"
+                                                      if outcome.expected_module else "")
+        lines.append(f"| {outcome.port} | {outcome.case} | {expected} | {cell(outcome)} |")
+    lines += ["", f"right: {sum(o.right for o in outcomes)} / {len(outcomes)}"]
+    return "\n".join(lines)
+
+
+def run_mlx() -> tuple[list[Outcome], float] | None:
+    """Every case of the mlx-lm ports, or None without the mlx extra."""
+    try:
+        import mlx_lm  # noqa: F401
+    except ImportError:
+        print("mlx ports: skipped (the mlx extra is not installed)", file=sys.stderr)
+        return None
+    from tests.ports.mlx_harness import PORTS as MLX_PORTS
+    from tests.ports.mlx_harness import MlxPortRun
+
+    outcomes: list[Outcome] = []
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="port-accuracy-mlx-") as tmp:
+        for port in MLX_PORTS:
+            run = MlxPortRun(port, Path(tmp))
+            for case in port.cases():
+                outcome = run.judge(case)
+                outcomes.append(outcome)
+                print(f"{port.name:18} {case:26} {cell(outcome)}", flush=True)
+    return outcomes, time.perf_counter() - started
+
+
+def write_between(start: str, end: str, text: str) -> None:
+    doc = DOC.read_text()
+    head, rest = doc.split(start, 1)
+    _, tail = rest.split(end, 1)
+    DOC.write_text(f"{head}{start}\n{text}\n{end}{tail}")
+
+
+def stamp(runs: int, seconds: float, command: str) -> str:
+    return f"Written by `{command}` on {datetime.date.today().isoformat()} " \
+           f"({runs} runs, {seconds:.0f} s on this project's 2-core machine)."
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", action="append", choices=PORTS, help="only this port (repeatable); docs untouched")
+    parser.add_argument("--mlx", action="store_true", help="only the mlx-lm ports; rewrites their table only")
     args = parser.parse_args(argv)
+    if args.mlx or args.port is None:
+        found = run_mlx()
+        if found is not None:
+            mlx_outcomes, seconds = found
+            text = mlx_table(mlx_outcomes)
+            print(text)
+            if args.port is None:
+                command = "python scripts/port_accuracy.py" + (" --mlx" if args.mlx else "")
+                write_between(MLX_START, MLX_END, f"{stamp(len(mlx_outcomes), seconds, command)}\n\n{text}")
+        if args.mlx:
+            return 0
     outcomes: list[Outcome] = []
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="port-accuracy-") as tmp:
@@ -96,12 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     print(f"{len(outcomes)} runs in {seconds:.0f} s")
     if args.port is None:
-        doc = DOC.read_text()
-        head, rest = doc.split(START, 1)
-        _, tail = rest.split(END, 1)
-        stamp = f"Written by `python scripts/port_accuracy.py` on {datetime.date.today().isoformat()} " \
-                f"({len(outcomes)} runs, {seconds:.0f} s on this project's 2-core machine)."
-        DOC.write_text(f"{head}{START}\n{stamp}\n\n{text}\n{END}{tail}")
+        write_between(START, END, f"{stamp(len(outcomes), seconds, 'python scripts/port_accuracy.py')}\n\n{text}")
     return 0
 
 

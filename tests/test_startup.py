@@ -1,4 +1,5 @@
-"""The command line starts without its heavy dependencies: --help and --version import no torch, pandas, deepdiff."""
+"""The command line starts without its heavy dependencies: --help and --version import no torch, pandas, deepdiff
+or the other frameworks (mlx, jax, flax); reading and comparing traces import none of them."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 
 from tracediff.cli import commands
 
-HEAVY = ("torch", "pandas", "deepdiff")
+HEAVY = ("torch", "pandas", "deepdiff", "mlx", "jax", "flax")
 
 # Runs each argv through the real entry point in one fresh interpreter and reports, per argv, the exit code
 # and which heavy modules had been imported by then.
@@ -78,7 +79,7 @@ FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 
 
 def _no_torch_report(argvs: list[list[str]]) -> list[list[object]]:
-    probe = _PROBE.format(heavy=("torch",), argvs=argvs)
+    probe = _PROBE.format(heavy=("torch", "mlx", "jax", "flax"), argvs=argvs)
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300, check=True)
     report: list[list[object]] = json.loads(out.stdout)
     return report
@@ -116,3 +117,25 @@ def test_load_trace_and_align_in_the_library_import_no_torch() -> None:
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.split() == ["False", "float32", "outputs", "False"]
+
+
+def test_align_and_show_of_mlx_traces_import_neither_torch_nor_mlx(tmp_path: Path) -> None:
+    """An MLX capture imports mlx (the model is MLX); reading its trace afterwards needs neither."""
+    import pytest
+
+    from tests.ports.mlx_harness import INSTALL
+
+    mx = pytest.importorskip("mlx.core", reason=f"mlx is not installed (the mlx extra): {INSTALL}")
+    import mlx.nn as mlx_nn
+
+    import tracediff
+
+    mx.random.seed(0)
+    model = mlx_nn.Sequential(mlx_nn.Linear(4, 4), mlx_nn.ReLU(), mlx_nn.Linear(4, 2))
+    x = mx.random.normal((2, 4), key=mx.random.key(1))
+    for name in ("a", "b"):
+        with tracediff.capture(model, tmp_path / name):
+            model(x)
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    report = _no_torch_report([["align", a, b], ["show", a]])
+    assert [(code, heavy) for _, code, heavy in report] == [(0, []), (0, [])]

@@ -264,9 +264,13 @@ LEGACY_PY_VALUE = "value"
 FORMAT_VERSION_KEY = "format_version"
 PRODUCER_KEY = "tracediff_version"
 COMPLETE_KEY = "complete"
+FRAMEWORK = "framework"  # the framework of the captured model: "torch", "mlx" or "jax" (metadata, spec section 7)
+FRAMEWORK_VERSION = "framework_version"
+TORCH_FRAMEWORK = "torch"
 #: Every key of ``tracediff_metadata.json``, in the order written. Adding one is a MINOR version change.
 METADATA_KEYS = (
-    FORMAT_VERSION_KEY, PRODUCER_KEY, "torch_version", "python_version", "transformers_version", "model_class",
+    FORMAT_VERSION_KEY, PRODUCER_KEY, FRAMEWORK, FRAMEWORK_VERSION,
+    "torch_version", "python_version", "transformers_version", "model_class",
     "model_name", "devices", "dtypes", "world_size", "rank", "created", "options", COMPLETE_KEY, ERROR,
     "capture_failure", "calls", "payload_files", "payload_bytes", "verification", "forward_parameters",
     "mesh", "run_started",

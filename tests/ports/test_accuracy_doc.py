@@ -41,3 +41,20 @@ def test_table_matches_marks(name: str) -> None:
     cells = doc_cells()
     expected = {(port.name, case, mode): (case, mode) not in wrong for case, mode in cases(port)}
     assert {key: cells.get(key) for key in expected} == expected
+
+
+def test_mlx_table_matches_marks() -> None:
+    """The mlx-lm ports' table (its own markers) agrees with tests/ports/test_mlx_lm.py's marks."""
+    pytest.importorskip("mlx_lm", reason='mlx-lm is not installed (the mlx extra): pip install -c constraints.txt '
+                                          '-e ".[mlx]"')
+    from tests.ports.mlx_harness import PORTS
+    from tests.ports.test_mlx_lm import WRONG
+
+    text = DOC.read_text().split("<!-- mlx accuracy table -->", 1)[1].split("<!-- /mlx accuracy table -->", 1)[0]
+    cells: dict[tuple[str, str], bool] = {}
+    for line in text.splitlines():
+        fields = [field.strip() for field in line.strip().strip("|").split("|")]
+        if len(fields) == 4 and fields[0] not in ("port", "---"):
+            cells[fields[0], fields[1]] = fields[3].startswith("right")
+    expected = {(port.name, case): (port.name, case) not in WRONG for port in PORTS for case in port.cases()}
+    assert cells == expected

@@ -21,9 +21,9 @@ _MISSING = object()
 
 
 class CallObserver(Protocol):
-    """What a patched forward reports to. None of these may raise."""
+    """What a patched call reports to (a torch or an MLX module). None of these may raise."""
 
-    def enter(self, module: nn.Module, path: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any: ...
+    def enter(self, module: Any, path: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any: ...
 
     def exit(self, token: Any, output: Any) -> None: ...
 

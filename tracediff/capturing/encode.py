@@ -48,8 +48,10 @@ class Encoder:
     """Encodes values for one capture; keeps the payload counters and what it has seen."""
 
     def __init__(self, folder: Path, tensors: TensorMode, *, full_dtensor: bool = False,
-                 pipeline: PayloadPipeline | None = None) -> None:
+                 pipeline: PayloadPipeline | None = None, measure: Callable[..., dict[str, Any]] | None = None
+                 ) -> None:
         self.folder = folder
+        self.measure = measure  # the statistics of a host tensor: None for ``tensor_stats``, ``numpy_stats`` for MLX
         self.pipeline = pipeline  # writes payloads on writer threads; None: written here, synchronously
         self.tensors = tensors
         self.full_dtensor = full_dtensor
@@ -139,7 +141,7 @@ class Encoder:
 
     def _measure(self, tensor: torch.Tensor, on_device: bool) -> dict[str, Any]:
         """The statistics of a host tensor now; an empty dict for a device tensor, filled in later."""
-        return {} if on_device else tensor_stats(tensor, buffers=self._stats_buffers)
+        return {} if on_device else (self.measure or tensor_stats)(tensor, buffers=self._stats_buffers)
 
     def when_complete(self, callback: Callable[[], None]) -> None:
         """Run ``callback`` once the entries encoded so far are complete: payloads on disk, statistics known.
@@ -187,13 +189,14 @@ class Encoder:
         if on_device:
             self._device_stats.launch(tensor, entry, stats)
         if full:
-            measure = _filling(entry, stats, dtype) if by_writer else None
+            measure = _filling(entry, stats, dtype, self.measure) if by_writer else None
             self._unwritten.append((self.folder / file_name, tensor, entry, measure))
         return entry
 
 
-def _filling(entry: dict[str, Any], stats: dict[str, Any], dtype: torch.dtype) -> Measure:
+def _filling(entry: dict[str, Any], stats: dict[str, Any], dtype: torch.dtype,
+             statistics: Callable[..., dict[str, Any]] | None) -> Measure:
     """What the writer thread runs on a payload's host copy: its statistics, into its entry."""
     def measure(host: torch.Tensor, buffers: StatsBuffers) -> None:
-        fill_entry_stats(entry, stats, tensor_stats(host, buffers=buffers), dtype)
+        fill_entry_stats(entry, stats, (statistics or tensor_stats)(host, buffers=buffers), dtype)
     return measure

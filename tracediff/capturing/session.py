@@ -20,6 +20,12 @@ tools can read, with what the standard trace loses put back:
 * ``tracediff_metadata.json`` records versions, devices, dtypes, ranks,
   options, and whether the trace is complete.
 
+An ``mlx.nn.Module`` or a ``flax.nnx.Module`` is captured the same way, into
+the same trace (the metadata's ``framework`` says which): see
+docs/frameworks.md, ``tracediff/capturing/mlx_adapter.py`` and
+``jax_adapter.py``; op-level capture, backward, ``verify`` and the
+``generate`` options are for torch models only.
+
 The model's outputs and autograd are untouched. If the forward raises, the
 trace recorded so far is written, marked incomplete with the module that
 raised, and the exception propagates. ``verify=True`` reruns the first
@@ -56,13 +62,18 @@ from .compat import sanitize_repr
 from .decode_steps import StepTracker, parse_steps
 from .distributed import current_rank, run_start, versioned_collectives, world_size
 from .encode import Encoder, TensorMode
+from .jax_adapter import FRAMEWORK as JAX_FRAMEWORK
+from .jax_adapter import NnxCallPatch, is_nnx_module, jax_version, nnx_modules
 from .journal import Journal, claim_folder, held_claim
 from .kv_cache import with_cache_layer
+from .mlx_adapter import FRAMEWORK as MLX_FRAMEWORK
+from .mlx_adapter import MlxCallPatch, check_mlx_options, is_mlx_module, mlx_version
 from .ops import op_capture, select_ops
 from .parallel_layouts import mark, model_mesh, style_layouts
 from .pipeline import DEFAULT_POOL_MB, check_pipeline_options, close_pipeline, payload_pipeline
 from .signals import termination_as_interrupt
 from .signatures import forward_parameters
+from .stats import numpy_stats
 from .tokens import check_forcing_model, forcing_option, read_reference_tokens
 from .verify import Verification, compare_outputs
 
@@ -267,6 +278,9 @@ def capture(
     Args:
         model: the module to trace. Every submodule's ``forward`` is wrapped
             for the duration of the block and restored exactly afterwards.
+            An ``mlx.nn.Module`` or ``flax.nnx.Module`` is traced through its
+            classes' ``__call__``, restored as exactly; its arrays are
+            evaluated where recorded.
         out_dir: the trace folder. It must be empty or absent, unless
             ``overwrite=True``, which first removes the files of an earlier trace.
         tensors: ``"full"`` (default) writes one safetensors payload per
@@ -321,6 +335,9 @@ def capture(
         A ``CaptureSession``, complete once the block exits.
 
     Raises:
+        UsageError: an option a torch model only supports, given with an MLX
+            model (``ops``, ``backward``, ``verify``, ``steps``,
+            ``teacher_forcing``, ``full_dtensor``), or a model of no known kind.
         OutputDirError: ``out_dir`` is a file, not writable, or holds a trace;
             or writing a payload failed mid-capture (the trace written so far
             is kept and marked incomplete).
@@ -330,6 +347,13 @@ def capture(
     """
     if tensors not in _TENSOR_MODES:
         raise UsageError(f"tensors={tensors!r}: expected one of {', '.join(_TENSOR_MODES)}")
+    mlx, nnx = is_mlx_module(model), is_nnx_module(model)
+    if mlx or nnx:
+        check_mlx_options(verify=verify, backward=backward, ops=ops, ops_exclude=ops_exclude, ops_in=ops_in,
+                          full_dtensor=full_dtensor, steps=steps, teacher_forcing=teacher_forcing)
+    elif not isinstance(model, nn.Module):
+        raise UsageError(f"model: expected a torch.nn.Module, an mlx.nn.Module or a flax.nnx.Module, got "
+                         f"{type(model).__name__}")
     check_pipeline_options(writers, pool_mb)
     selected_steps = parse_steps(steps)
     forcing = read_reference_tokens(teacher_forcing) if teacher_forcing is not None else None
@@ -357,7 +381,8 @@ def capture(
         return
 
     pipeline = payload_pipeline(tensors, writers, pool_mb)
-    encoder = Encoder(folder, tensors, full_dtensor=full_dtensor, pipeline=pipeline)
+    encoder = Encoder(folder, tensors, full_dtensor=full_dtensor, pipeline=pipeline,
+                      measure=numpy_stats if mlx or nnx else None)
     bar = _progress_bar(progress)
     recorder = _NativeRecorder(model, encoder, bar)
     started = _dt.datetime.now(_dt.timezone.utc)
@@ -369,7 +394,10 @@ def capture(
     recorder.journal = Journal(folder)
     recorder.steps = StepTracker(model, encoder, selected_steps, fail=recorder.stopped, forcing=forcing)
     op_recorder = op_capture(recorder, op_selection)
-    patch = ForwardPatch(model, op_recorder or recorder, root_name=recorder.model_name)
+    patch: ForwardPatch | MlxCallPatch | NnxCallPatch = (
+        MlxCallPatch(model, recorder, root_name=recorder.model_name) if mlx
+        else NnxCallPatch(model, recorder, root_name=recorder.model_name) if nnx
+        else ForwardPatch(model, op_recorder or recorder, root_name=recorder.model_name))
     recorder.backward = BackwardRecorder(model, recorder.model_name, recorder._encode, recorder.counts,
                                          on_recorded=recorder.backward_recorded) if backward else None
     options = {"tensors": tensors, "prune_layers": prune_layers, "verify": verify, "ranks": ranks,
@@ -522,8 +550,14 @@ def _finish(
     session.complete = (
         recorder.tree is not None and recorder.escaped_error is None and recorder.failure is None and not open_calls
     )
+    mlx, nnx = is_mlx_module(model), is_nnx_module(model)
+    framework, version = (MLX_FRAMEWORK, mlx_version()) if mlx else (JAX_FRAMEWORK, jax_version()) if nnx \
+        else (fmt.TORCH_FRAMEWORK, torch.__version__)
+    modules = [module for _, module in nnx_modules(model)] if nnx else model.modules()
     metadata = fmt.metadata_entry({
         "tracediff_version": __version__,
+        fmt.FRAMEWORK: framework,
+        fmt.FRAMEWORK_VERSION: version,
         "torch_version": torch.__version__,
         "python_version": platform.python_version(),
         "transformers_version": _imported_version("transformers"),
@@ -542,7 +576,7 @@ def _finish(
         "payload_files": encoder.files,
         "payload_bytes": encoder.payload_bytes,
         "verification": session.verification.to_dict() if session.verification is not None else None,
-        "forward_parameters": forward_parameters(model),
+        "forward_parameters": forward_parameters(modules, method="__call__" if mlx or nnx else "forward"),
         **({"mesh": run.mesh, "run_started": run.started} if run.mesh is not None else {}),  # multi-rank only
     })
     session.metadata = metadata

@@ -7,6 +7,8 @@ A trace records positional arguments as ``inputs.args.N``; with these names an a
 from __future__ import annotations
 
 import inspect
+from collections.abc import Iterable
+from typing import Any
 
 from torch import nn
 
@@ -16,8 +18,11 @@ _MARKS = {
 }
 
 
-def forward_parameters(model: nn.Module) -> dict[str, list[str]]:
+def forward_parameters(model: nn.Module | Iterable[Any], *, method: str = "forward") -> dict[str, list[str]]:
     """``{class name: parameter names of its forward}`` for every module class in ``model`` (spec section 7).
+
+    ``method`` is the method a call runs: ``"forward"`` for torch, ``"__call__"`` for MLX and Flax NNX
+    modules. ``model`` may also be the modules themselves (an iterable).
 
     ``self`` is left out; ``*args`` is written ``"*args"``, ``**kwargs`` ``"**kwargs"``, and ``"*"`` comes
     before keyword-only parameters, as Python writes a signature. A class name two classes share with
@@ -25,12 +30,12 @@ def forward_parameters(model: nn.Module) -> dict[str, list[str]]:
     """
     found: dict[str, list[str] | None] = {}
     seen: set[type] = set()
-    for module in model.modules():
+    for module in model.modules() if isinstance(model, nn.Module) else model:
         cls = type(module)
         if cls in seen:
             continue
         seen.add(cls)
-        names = _parameter_names(cls)
+        names = _parameter_names(cls, method)
         name = cls.__name__
         if name in found and found[name] != names:
             names = None  # two classes, one name, other parameters: the name cannot say which
@@ -38,9 +43,9 @@ def forward_parameters(model: nn.Module) -> dict[str, list[str]]:
     return {name: names for name, names in found.items() if names is not None}
 
 
-def _parameter_names(cls: type) -> list[str] | None:
+def _parameter_names(cls: type, method: str) -> list[str] | None:
     try:
-        parameters = list(inspect.signature(cls.forward).parameters.values())  # type: ignore[attr-defined]
+        parameters = list(inspect.signature(getattr(cls, method)).parameters.values())
     except (TypeError, ValueError, AttributeError):
         return None
     names: list[str] = []

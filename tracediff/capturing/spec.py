@@ -33,6 +33,7 @@ from ..files.payloads import read_tensor_file
 from .conditions import parse_device, parse_dtype, to_conditions
 from .decode_steps import parse_steps
 from .journal import claim_folder
+from .mlx_adapter import cast_mlx, is_mlx_array, is_mlx_module, to_mlx
 from .pipeline import DEFAULT_POOL_MB
 from .session import CaptureSession, capture
 from .tokens import check_forcing_model, check_forcing_prompt, prompt_ids, read_reference_tokens
@@ -64,9 +65,9 @@ def load_spec(spec: str) -> tuple[nn.Module, Inputs]:
     if not (isinstance(result, tuple) and len(result) == 2):
         raise CaptureSpecError(f"{spec}: {func_name}() must return (model, inputs), got {type(result).__name__}")
     model, inputs = result
-    if not isinstance(model, nn.Module):
+    if not isinstance(model, nn.Module) and not is_mlx_module(model):
         raise CaptureSpecError(f"{spec}: the model returned by {func_name}() is a {type(model).__name__}, "
-                               "not a torch.nn.Module")
+                               "not a torch.nn.Module or an mlx.nn.Module")
     return model, _split_inputs(spec, inputs)
 
 
@@ -120,7 +121,7 @@ def _on_sys_path(folder: str) -> Iterator[None]:
 
 
 def _split_inputs(spec: str, inputs: Any) -> Inputs:
-    if isinstance(inputs, torch.Tensor):
+    if isinstance(inputs, torch.Tensor) or is_mlx_array(inputs):
         return (inputs,), {}
     if isinstance(inputs, tuple):
         return inputs, {}
@@ -131,10 +132,20 @@ def _split_inputs(spec: str, inputs: Any) -> Inputs:
 
 
 def _tensor_slots(inputs: Inputs) -> dict[str, torch.Tensor]:
+    """The tensors of ``inputs`` by slot; an MLX array as its host copy (a CPU tensor)."""
     args, kwargs = inputs
-    slots = {f"args.{i}": v for i, v in enumerate(args) if isinstance(v, torch.Tensor)}
-    slots.update({f"kwargs.{k}": v for k, v in kwargs.items() if isinstance(v, torch.Tensor)})
-    return slots
+    slots = {f"args.{i}": v for i, v in enumerate(args)}
+    slots.update({f"kwargs.{k}": v for k, v in kwargs.items()})
+    return {key: _as_tensor(value) for key, value in slots.items()
+            if isinstance(value, torch.Tensor) or is_mlx_array(value)}
+
+
+def _as_tensor(value: Any) -> torch.Tensor:
+    if isinstance(value, torch.Tensor):
+        return value
+    from .mlx_adapter import HostArrays
+
+    return cast(torch.Tensor, HostArrays().convert(value))
 
 
 def save_inputs(path: str | Path, inputs: Inputs) -> None:
@@ -181,8 +192,11 @@ def load_inputs(path: str | Path, example: Inputs, *, inputs_map: Mapping[str, s
     for key, original in slots.items():
         # A fresh allocation: a tensor read from the file can sit at an address that is not 64-byte aligned,
         # and CPU kernels then take another path and round differently (a Linear differs in the last bit).
-        loaded = read_tensor_file(path, source[key]).to(original.device).clone()
+        loaded: Any = read_tensor_file(path, source[key]).to(original.device).clone()
         kind, _, name = key.partition(".")
+        example_value = example[0][int(name)] if kind == "args" else example[1][name]
+        if is_mlx_array(example_value):  # an MLX model's input: an array of the example's dtype
+            loaded = to_mlx(loaded, like=example_value)
         if kind == "args":
             args[int(name)] = loaded
         else:
@@ -303,7 +317,14 @@ def capture_spec(
                         if inputs is not None else example)
         if save_inputs_to is not None:
             save_inputs(save_inputs_to, (args, kwargs))
-        model, args, kwargs = to_conditions(model, args, kwargs, dtype=dtype, device=device)
+        if is_mlx_module(model):
+            if device is not None:
+                raise UsageError("device: an MLX model runs on MLX's default device; set it with "
+                                 "mx.set_default_device in the SPEC's function")
+            if dtype is not None:
+                model, args, kwargs = cast_mlx(model, args, kwargs, str(dtype).removeprefix("torch."))
+        else:
+            model, args, kwargs = to_conditions(model, args, kwargs, dtype=dtype, device=device)
         if forcing is not None:
             check_forcing_model(forcing, model)
             check_forcing_prompt(forcing, prompt_ids(args, kwargs))

@@ -28,6 +28,11 @@ float64 from the sums; it loses relative precision when ``|mean| >> std``.
 Moments of a tensor with NaN or infinities are taken over its finite elements.
 Half-precision and float8 tensors are upcast to float32 first, chunk by chunk,
 into a reused buffer.
+
+``numpy_stats`` computes the same keys from a host tensor's values with numpy,
+summed in float64 (``float_summary`` and ``integer_summary`` give the keys): an
+MLX capture measures with it, so that torch's intra-op threads never wake up
+next to MLX's own inside the forward.
 """
 
 from __future__ import annotations
@@ -114,6 +119,49 @@ def tensor_stats(tensor: torch.Tensor, *, buffers: StatsBuffers | None = None) -
         return {"numel": n, "min": int(values.min()), "max": int(values.max()), "zeros": int((values == 0).sum())}
     kind = "bool" if t.dtype == torch.bool else "int"
     return integer_summary(n, kind, [integer_partials(t.reshape(-1)).tolist()])
+
+
+def numpy_stats(tensor: torch.Tensor, *, buffers: StatsBuffers | None = None) -> dict[str, Any]:
+    """``tensor_stats`` of a CPU tensor, computed with numpy in float64 (bfloat16 decoded from its bits).
+
+    Same keys as ``tensor_stats``; the sums are float64 throughout, so they can differ from
+    ``tensor_stats``' float32 sums in the last bits. A dtype numpy cannot hold goes to ``tensor_stats``.
+    ``buffers`` is accepted for the same signature and unused.
+    """
+    import numpy as np
+
+    t = tensor.detach()
+    n = t.numel()
+    if n == 0 or t.is_complex():
+        return {"numel": n}
+    if t.device.type != "cpu":
+        return tensor_stats(t, buffers=buffers)
+    if t.dtype == torch.bfloat16:
+        bits = t.contiguous().view(torch.int16).numpy().view(np.uint16).reshape(-1)
+        values = (bits.astype(np.uint32) << 16).view(np.float32)
+    else:
+        try:
+            values = t.contiguous().numpy().reshape(-1)
+        except (TypeError, RuntimeError):  # float8 and other dtypes numpy has no type for
+            return tensor_stats(t, buffers=buffers)
+    if values.dtype == np.bool_:
+        return integer_summary(n, "bool", [[int(np.count_nonzero(values))]])
+    if values.dtype.kind in "iu":
+        return integer_summary(n, "int", [[int(values.min()), int(values.max()), int(np.count_nonzero(values))]])
+    chunks: list[tuple[float, ...]] = []
+    for start in range(0, n, CHUNK):
+        x = values[start:start + CHUNK].astype(np.float64)
+        finite = np.isfinite(x)
+        if finite.all():
+            counts = (x.size, 0, 0)
+        else:
+            counts = (int(finite.sum()), int(np.isnan(x).sum()), int(np.isposinf(x).sum()))
+            x = x[finite]
+        lo, hi = (float(x.min()), float(x.max())) if x.size else (math.inf, -math.inf)
+        # einsum, not ``x @ x``: BLAS's threads spin after a call and take the cores from MLX's forward
+        squares = float(np.einsum("i,i->", x, x))
+        chunks.append((lo, hi, float(x.sum()), squares, float(np.abs(x).sum()), int(np.count_nonzero(x)), *counts))
+    return float_summary(n, chunks)
 
 
 def wide_stats(tensor: torch.Tensor, *, buffers: StatsBuffers | None = None) -> dict[str, Any]:

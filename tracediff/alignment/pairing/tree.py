@@ -458,6 +458,10 @@ class TreePairing:
             # a name or a kind of module in common)
             if not (same_out and same_in) or not (out_sim >= 0.4 or in_sim >= 0.75 or kinds or names):
                 return None
+            if len(in_x) != len(in_y) and out_sim < 0.4 and not kinds and not same_name:
+                # another number of tensors in, another kind, another result: transformers' ``act_fn(gate)``
+                # and mlx-lm's ``SwiGLU(up, gate)``, which multiplies inside the call
+                return None
             how = "value" if out_sim >= 0.75 else "name" if same_name else "shape"
             if how == "value" and in_x and in_y and in_sim < 0.4:
                 how = OUTPUTS_ONLY  # one result from other inputs: what feeds each differs, by design

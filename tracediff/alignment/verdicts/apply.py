@@ -29,6 +29,7 @@ from ...errors import UsageError
 from ...trace.load import Trace
 from ..result import Job
 from ..rows import RowDraft, add_note
+from .cut import accept_cut_elsewhere
 from .noise import (
     accept_by_relative_norm,
     apply_floor,
@@ -107,6 +108,7 @@ def judge(rows: Sequence[RowDraft], jobs: Sequence[Job], trace_a: Trace, *, base
         if warning:
             warnings.append(warning)
 
+    accept_cut_elsewhere(rows, jobs)
     matched = [_ignored_by(ignore, job) for job in jobs] if ignore else [None] * len(jobs)
     used = {m for m in matched if m}
     for path, slot in ignore:

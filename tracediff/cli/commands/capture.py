@@ -17,7 +17,8 @@ EXAMPLE = """example:
 
 SPEC names a function returning (model, inputs); inputs is a tensor, a tuple
 of positional arguments or a dict of keyword arguments. The forward runs once
-under torch.no_grad()."""
+under torch.no_grad(). The model may be an mlx.nn.Module (inputs: mx.array);
+see docs/frameworks.md for the options MLX models support."""
 
 
 def register(sub: Any) -> None:

@@ -1,0 +1,37 @@
+"""One computation cut at two points: a call's output that differs by design, accepted on the evidence after it.
+
+transformers' Gemma 2 scales the token embedding inside ``embed_tokens``; mlx-lm scales right after it, in
+the model's own code. ``embed_tokens``' outputs then differ, while the next call's input agrees. The
+evidence is the dataflow: on one side the call's output flows unchanged into a later compared input (the
+same payload), on the other side that input is another value (code between changed it), and the two
+inputs agree. The output's row is then accepted, with a note naming the input that agrees; a real mistake
+in the call shows in that input too, and is not accepted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ..result import Job
+from ..rows import RowDraft
+
+
+def accept_cut_elsewhere(rows: Sequence[RowDraft], jobs: Sequence[Job]) -> None:
+    """Accept each diverged output row whose value one side passes on unchanged to an input that agrees."""
+    for index, row in enumerate(rows):
+        node_a, ra, node_b, rb = jobs[index]
+        if row.within_tolerance is not False or not ra.slot.startswith("outputs") or row.transform is not None:
+            continue
+        for later, (_, la, lnode_b, lb) in enumerate(jobs):
+            if later == index or rows[later].within_tolerance is not True or not la.slot.startswith("inputs"):
+                continue
+            flows_a = la.payload is not None and la.payload == ra.payload and lb.payload != rb.payload
+            flows_b = lb.payload is not None and lb.payload == rb.payload and la.payload != ra.payload
+            if flows_a or flows_b:
+                side, other = ("A", "B") if flows_a else ("B", "A")
+                where = f"{lnode_b.module_path} {lb.slot}"
+                row.within_tolerance, row.status = True, "close"
+                row.reason = (f"cut at another point: {side}'s output flows unchanged into {where}, which agrees "
+                              f"with {other}'s value there ({other}'s code after this call does what {side} "
+                              "does inside it)")
+                break
