@@ -53,7 +53,7 @@ from ._patch import ForwardPatch
 from ._tree import prune_intermediate_layers, trace_file_names
 from .backward import BackwardRecorder
 from .compat import sanitize_repr
-from .decode_steps import StepTracker, parse_steps
+from .decode_steps import StepTracker, check_other_steps, parse_steps
 from .distributed import current_rank, world_size
 from .encode import Encoder, TensorMode
 from .journal import Journal, claim_folder, held_claim
@@ -252,6 +252,7 @@ def capture(
     pool_mb: int = DEFAULT_POOL_MB,
     steps: str | Sequence[int] | None = None,
     teacher_forcing: str | Path | None = None,
+    other_steps: str = "stats",
 ) -> Iterator[CaptureSession]:
     """Record every module call of ``model`` made inside the block into ``out_dir``.
 
@@ -299,6 +300,10 @@ def capture(
             every step in full. Every top-level call made by ``generate`` is
             numbered (``step``) either way. See
             :mod:`tracediff.capturing.decode_steps`.
+        other_steps: what the steps ``steps`` leaves out keep: ``"stats"``
+            (default: every tensor's statistics) or ``"tree"`` (the call tree,
+            each tensor's shape, dtype and device, and the tokens; no statistics
+            are computed, so such a capture costs least).
         teacher_forcing: a reference trace captured around ``generate``: each
             ``model.generate(...)`` in the block is fed the reference's token
             at every step instead of its own choice, and stops after the
@@ -323,6 +328,7 @@ def capture(
         raise UsageError(f"tensors={tensors!r}: expected one of {', '.join(_TENSOR_MODES)}")
     check_pipeline_options(writers, pool_mb)
     selected_steps = parse_steps(steps)
+    check_other_steps(other_steps)
     forcing = read_reference_tokens(teacher_forcing) if teacher_forcing is not None else None
     if forcing is not None:
         check_forcing_model(forcing, model)
@@ -352,7 +358,8 @@ def capture(
     bar = _progress_bar(progress)
     recorder = _NativeRecorder(model, encoder, bar)
     recorder.journal = Journal(folder)
-    recorder.steps = StepTracker(model, encoder, selected_steps, fail=recorder.stopped, forcing=forcing)
+    recorder.steps = StepTracker(model, encoder, selected_steps, fail=recorder.stopped, forcing=forcing,
+                                 others=other_steps)
     op_recorder = op_capture(recorder, op_selection)
     patch = ForwardPatch(model, op_recorder or recorder, root_name=recorder.model_name)
     recorder.backward = BackwardRecorder(model, recorder.model_name, recorder._encode, recorder.counts,
