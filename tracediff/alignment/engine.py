@@ -195,7 +195,8 @@ def align(
         drafts: list[RowDraft] = run(compare, range(len(jobs)))
     tick(None)
     # rotary pairs side by side or in halves
-    reordered = decide_orders(drafts, jobs, trace_a, trace_b, plan.values, transformed=plan.how.keys())
+    reordered = decide_orders(drafts, jobs, trace_a, trace_b, plan.values, transformed=plan.how.keys(),
+                              pcc=[m.pcc if m is not None else None for m in measurements])
     for i, order in reordered.items():
         plan.how[(id(jobs[i][1]), id(jobs[i][3]))] = ("layout", order)
     drafts = [compare(i, _no_tick) if i in reordered else row for i, row in enumerate(drafts)]
