@@ -20,6 +20,12 @@ device in that dtype (a GPU-made pair; the alignment itself always runs on the
 host), into folders of their own; ``--capture tracediff`` writes them with
 ``tracediff.capture`` instead of transformers' debugger.
 
+``--comparison`` times the comparison alone: every payload pair of ``ref`` and
+``port`` (a transformers trace pairs by recorded order) through
+``compare_payloads`` on two threads, as ``align`` runs it, with the sequence
+dimension given so that positions are found in the pass (issue 34); nothing
+else of ``align`` (loading, pairing, rows) is in that figure.
+
 ``--cli`` times the whole command, ``tracediff align REF OTHER``, in a fresh
 process per run (start-up, imports, reading, comparing, rendering), next to
 ``tracediff align --help`` (start-up alone), with each process's peak RSS, and
@@ -138,6 +144,35 @@ def fast_path(ref: Path, same: Path, repeats: int) -> None:
               f"({total / cpu / 1e9:.2f} GB per CPU second)")
 
 
+def time_comparison(ref: Path, other: Path, repeats: int) -> tuple[float, float]:
+    """Median wall and CPU seconds of comparing every payload pair of ``ref`` and ``other`` on two threads."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import tracediff
+    from tracediff.compare.payloads import compare_payloads
+
+    a, b = tracediff.load_trace(ref), tracediff.load_trace(other)
+    pairs = [(ra, rb) for (_, ra), (_, rb) in zip(a.records(), b.records()) if ra.has_payload and rb.has_payload]
+
+    def one(pair: tuple[object, object]) -> object:
+        ra, rb = pair
+        along = 1 if len(rb.shape or ()) == 3 else None  # type: ignore[attr-defined]
+        try:
+            return compare_payloads(a, ra, b, rb, atol=1e-5, rtol=1.3e-6, along=along)  # type: ignore[arg-type]
+        except TypeError:  # before issue 34: no positions in the pass
+            return compare_payloads(a, ra, b, rb, atol=1e-5, rtol=1.3e-6)  # type: ignore[arg-type]
+
+    times, cpu = [], []
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        list(pool.map(one, pairs))  # warm-up
+        for _ in range(repeats):
+            start, start_cpu = time.perf_counter(), time.process_time()
+            list(pool.map(one, pairs))
+            times.append(time.perf_counter() - start)
+            cpu.append(time.process_time() - start_cpu)
+    return statistics.median(times), statistics.median(cpu)
+
+
 def time_cli(argv: list[str], repeats: int) -> tuple[float, float, int]:
     """Median seconds and the largest peak RSS (MB) of ``argv`` run as a fresh process, and its exit code."""
     # The peak RSS comes from GNU time: a child forked from this (large) process would report this
@@ -203,6 +238,8 @@ def main() -> None:
                         help="also time `tracediff align` on the two small traces of `tracediff demo`")
     parser.add_argument("--fast-path", action="store_true",
                         help="also time finding identical payloads from raw bytes vs by decoding them")
+    parser.add_argument("--comparison", action="store_true",
+                        help="also time the comparison of every payload pair alone (two threads)")
     parser.add_argument("--device", default="cpu", help="where the traces are written: cpu (default), cuda")
     parser.add_argument("--dtype", default="float32", help="model dtype of the traces: float32 (default), bfloat16")
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
@@ -230,6 +267,12 @@ def main() -> None:
 
     if args.fast_path:
         fast_path(here / "ref", here / "same", args.repeats)
+
+    if args.comparison:
+        total = payload_bytes(here / "ref") + payload_bytes(here / "port")
+        seconds, cpu = time_comparison(here / "ref", here / "port", args.repeats)
+        print(f"\ncomparison alone, ref~port, two threads, median of {args.repeats}: {seconds:.3f} s "
+              f"({total / seconds / 1e9:.2f} GB/s), CPU {cpu:.3f} s")
 
     if args.cli:
         tool = [sys.executable, "-m", "tracediff"]

@@ -269,7 +269,7 @@ class _Accumulator:
         sums = [float(np.sum(absdiff)), float(np.dot(absdiff, absdiff)), float(np.dot(a, b)), float(np.dot(a, a)),
                 float(np.dot(b, b))]
         if self.pearson is not None:  # (the work arrays are free until the mismatch count below)
-            self.pearson.add(a, signed, scratch.absa, scratch.excess)
+            self.pearson.add(a, signed, sums[3], sums[1], scratch.absa, scratch.excess)
         if sums_are_safe([sums[1], sums[3], sums[4]], a.size, a.dtype):
             scaled = tuple((value, 0) for value in sums)
         else:  # a square under- or overflowed (a zero may be an underflow): redo on scaled float64 values

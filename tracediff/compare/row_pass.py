@@ -8,15 +8,18 @@ accumulated chunk by chunk next to the metrics, so that each payload pair is
 read once; the work arrays stay one chunk long.
 
 **pcc** is computed from the difference ``d = a - b``, not from ``b``: with
-``a' = a - K`` and ``d' = d - L`` (``K`` and ``L`` the first finite elements of
-``a`` and ``d``, so that large means and constant offsets do not cancel),
+``a' = a - K`` and ``d' = d - L`` (``K`` and ``L`` 0, or the first finite
+elements of ``a`` and ``d`` when the first chunk shows a mean that is large
+against the spread, so that large means and constant offsets do not cancel),
 
     var(a) = E[a'^2] - E[a']^2,  var(d) = E[d'^2] - E[d']^2,  cov(a, d) = E[a'd'] - E[a']E[d']
     pcc = (var(a) - cov(a, d)) / sqrt(var(a) (var(a) - 2 cov(a, d) + var(d)))
 
 so ``1 - pcc``, the part that matters for a port close to its reference, comes
 from the small quantities ``cov(a, d)`` and ``var(d)`` rather than from the
-difference of two nearly equal sums. Each chunk's sums are taken in its work
+difference of two nearly equal sums. Unshifted, the sums of squares are those
+the metrics take anyway, so pcc costs three more reductions per chunk (``sum
+a``, ``sum d``, ``a.d``). Each chunk's sums are taken in its work
 dtype (float32 unless a side is float64) and added in float64; against the
 two-pass float64 ``pearson`` of :mod:`tracediff.compare.logits` the result
 differs in rounding only (tests/alignment/test_row_pass.py states the bound).
@@ -52,25 +55,36 @@ class PearsonSums:
 
     def __init__(self) -> None:
         self.n = 0
-        self.shift_a: float | None = None
+        self.shift_a: float | None = None  # decided on the first chunk
         self.shift_d = 0.0
         self.sa = self.saa = self.sd = self.sdd = self.sad = 0.0
 
-    def add(self, a: np.ndarray, diff: np.ndarray, work_a: np.ndarray, work_d: np.ndarray) -> None:
-        """Add a chunk: ``a`` and the signed ``diff = a - b`` (finite, same length); ``work_a``, ``work_d``:
-        scratch arrays of at least ``a``'s length."""
+    def add(self, a: np.ndarray, diff: np.ndarray, sum_aa: float, sum_dd: float, work_a: np.ndarray,
+            work_d: np.ndarray) -> None:
+        """Add a chunk: ``a`` and the signed ``diff = a - b`` (finite, same length), with ``sum_aa`` and
+        ``sum_dd``, the sums of their squares (the metrics take them anyway); ``work_a``, ``work_d``: scratch
+        arrays of at least ``a``'s length, used only for a side that is shifted."""
         if not a.size:
             return
-        if self.shift_a is None:  # a constant offset between the sides (a missing bias) must not cancel either
-            self.shift_a, self.shift_d = float(a[0]), float(diff[0])
-        shifted = np.subtract(a, a.dtype.type(self.shift_a), out=work_a[:a.size])
-        d = np.subtract(diff, a.dtype.type(self.shift_d), out=work_d[:a.size])
-        self.n += a.size
-        self.sa += float(np.sum(shifted))
-        self.saa += float(np.dot(shifted, shifted))
-        self.sd += float(np.sum(d))
-        self.sdd += float(np.dot(d, d))
-        self.sad += float(np.dot(shifted, d))
+        sa, sd = float(np.sum(a)), float(np.sum(diff))
+        if self.shift_a is None:
+            # Shift a side only when its mean is large against its spread in the first chunk (rare: a bias, a
+            # constant offset between the sides); otherwise its sums are the metrics' own, at no cost.
+            self.shift_a = _shift(a, sa, sum_aa)
+            self.shift_d = _shift(diff, sd, sum_dd)
+        m = a.size
+        if self.shift_a:
+            a = np.subtract(a, a.dtype.type(self.shift_a), out=work_a[:m])
+            sa, sum_aa = float(np.sum(a)), float(np.dot(a, a))
+        if self.shift_d:
+            diff = np.subtract(diff, diff.dtype.type(self.shift_d), out=work_d[:m])
+            sd, sum_dd = float(np.sum(diff)), float(np.dot(diff, diff))
+        self.n += m
+        self.sa += sa
+        self.saa += sum_aa
+        self.sd += sd
+        self.sdd += sum_dd
+        self.sad += float(np.dot(a, diff))
 
     def pcc(self) -> float | None:
         """The Pearson correlation; NaN with fewer than two positions; None when the sums cannot tell."""
@@ -84,9 +98,17 @@ class PearsonSums:
         var_d = self.sdd / n - md * md
         cov_ad = self.sad / n - ma * md
         var_b = var_a - 2 * cov_ad + var_d
-        if var_a <= _CONSTANT * (self.saa / n) or var_b <= _CONSTANT * (var_a + var_d):
+        if var_a <= _CONSTANT * (self.saa / n) or var_b <= _CONSTANT * (var_a + var_d) \
+                or var_d < _CONSTANT * (self.sdd / n):  # a mean the first chunk did not show: sums cancelled
             return None
         return max(-1.0, min(1.0, (var_a - cov_ad) / math.sqrt(var_a * var_b)))
+
+
+def _shift(x: np.ndarray, total: float, squares: float) -> float:
+    """The value to subtract from ``x`` before summing (its first element), or 0 when its mean is small: a
+    squared mean under 1% of the mean square loses at most two digits of the variance to cancellation."""
+    n = x.size
+    return float(x[0]) if (total / n) ** 2 > 1e-2 * (squares / n) else 0.0
 
 
 class PositionTracker:
