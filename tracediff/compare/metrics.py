@@ -294,6 +294,12 @@ class _Accumulator:
                     tracker.add(start, scratch.mask[:a.size])
         if self.max_rel == math.inf:
             return
+        if self.max_rel > 0:  # most chunks cannot raise the maximum: one product and one comparison tell
+            # float32 rounds |a - b| and |a| by ~6e-8 each: an element whose exact ratio exceeds max_rel is above
+            # max_rel (1 - 2 _SLACK) here (a zero |a| with a difference included)
+            floor = np.multiply(absa, self.max_rel * (1 - 2 * _SLACK), out=scratch.excess[:a.size])
+            if not bool(np.greater(absdiff, floor, out=scratch.mask[:a.size]).any()):
+                return
         if float(np.min(absa)) == 0:
             zero = absa == 0
             if bool(np.any(zero & (absdiff > 0))):
