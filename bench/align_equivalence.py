@@ -14,7 +14,9 @@ fixtures' (``A:B`` or ``A:B:BASELINE``; add more, such as the bench traces).
 with the ``tracediff`` it imports (run it from a folder without a
 ``tracediff`` of its own, or the current folder's wins over ``PYTHONPATH``).
 ``compare`` checks that every field of every report is equal, except the
-metrics summed in float32 (``mean_abs_err``, ``rms_err``, ``cosine``), and
+metrics summed in float32 (``mean_abs_err``, ``rms_err``, ``cosine``, and
+``pcc`` since it is accumulated in the comparison's pass: how far it moved
+is printed relative to ``1 - pcc``), and
 measures those against float64 values computed from the payloads (the
 reference definitions of ``tracediff.compare.metrics``; rows with
 saturated values or a layout transform are left out of that measure).
@@ -29,6 +31,7 @@ import sys
 from typing import Any
 
 FLOAT32_SUMS = ("mean_abs_err", "rms_err", "cosine")
+ONE_PASS = ("pcc",)  # accumulated in the comparison's chunked pass since issue 34 (float32 chunks, float64 sums)
 
 
 def corpus(folder: str) -> None:
@@ -81,7 +84,7 @@ def _differences(x: Any, y: Any, where: str) -> list[str]:
         return [d for i, (u, v) in enumerate(zip(x, y)) for d in _differences(u, v, f"{where}[{i}]")]
     if isinstance(x, float) and isinstance(y, float) and math.isnan(x) and math.isnan(y):
         return []
-    if x != y and where.rpartition(".")[2] not in FLOAT32_SUMS:
+    if x != y and where.rpartition(".")[2] not in FLOAT32_SUMS + ONE_PASS:
         return [f"{where}: {x!r} vs {y!r}"]
     return []
 
@@ -107,6 +110,16 @@ def compare(old_path: str, new_path: str) -> int:
                  for x, y in zip(o["report"]["rows"], n["report"]["rows"])
                  if isinstance(x[key], float) and x[key] == x[key] and x[key] != y[key]]
         print(f"{key}: {len(apart)} rows differ, by at most {max(apart, default=0.0):.2e} (relative)")
+    for key in ONE_PASS:  # how far apart, measured against the distance from perfect correlation
+        apart = [abs(x[key] - y[key]) / max(1 - x[key], 1e-12) for o, n in zip(old, new)
+                 for x, y in zip(o["report"]["rows"], n["report"]["rows"])
+                 if isinstance(x[key], float) and isinstance(y[key], float) and x[key] == x[key] and x[key] != y[key]]
+        absolute = [abs(x[key] - y[key]) for o, n in zip(old, new)
+                    for x, y in zip(o["report"]["rows"], n["report"]["rows"])
+                    if isinstance(x[key], float) and isinstance(y[key], float) and x[key] == x[key]]
+        print(f"{key}: {len(apart)} rows differ, by at most {max(apart, default=0.0):.2e} of 1 - {key} "
+              f"(median {float(np.median(apart)) if apart else 0.0:.2e}), at most {max(absolute, default=0.0):.2e} "
+              f"in absolute terms")
     errors: dict[str, dict[str, list[float]]] = {k: {"old": [], "new": []} for k in FLOAT32_SUMS}
     for o, n in zip(old, new):
         trace_a, trace_b = tracediff.load_trace(o["pair"][0]), tracediff.load_trace(o["pair"][1])

@@ -20,6 +20,12 @@ device in that dtype (a GPU-made pair; the alignment itself always runs on the
 host), into folders of their own; ``--capture tracediff`` writes them with
 ``tracediff.capture`` instead of transformers' debugger.
 
+``--comparison`` times the comparison alone: every payload pair of ``ref`` and
+``port`` (a transformers trace pairs by recorded order) through
+``compare_payloads`` on two threads, as ``align`` runs it, with the sequence
+dimension given so that positions are found in the pass (issue 34); nothing
+else of ``align`` (loading, pairing, rows) is in that figure.
+
 ``--cli`` times the whole command, ``tracediff align REF OTHER``, in a fresh
 process per run (start-up, imports, reading, comparing, rendering), next to
 ``tracediff align --help`` (start-up alone), with each process's peak RSS, and
@@ -138,22 +144,73 @@ def fast_path(ref: Path, same: Path, repeats: int) -> None:
               f"({total / cpu / 1e9:.2f} GB per CPU second)")
 
 
+def time_comparison(ref: Path, other: Path, repeats: int, floor: bool = False) -> tuple[float, float]:
+    """Median wall and CPU seconds of comparing every payload pair of ``ref`` and ``other`` on two threads;
+    ``floor``: of one numpy pass instead (``a - b`` chunk by chunk into a reused array), what a kernel fusing
+    every metric into one pass over the bytes would cost at least."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import tracediff
+    from tracediff.compare.payloads import compare_payloads
+
+    a, b = tracediff.load_trace(ref), tracediff.load_trace(other)
+    pairs = [(ra, rb) for (_, ra), (_, rb) in zip(a.records(), b.records()) if ra.has_payload and rb.has_payload]
+
+    def one_pass(pair: tuple[object, object]) -> object:
+        import numpy as np
+
+        pa, pb = a.load_payload(pair[0]), b.load_payload(pair[1])  # type: ignore[arg-type]
+        fa, fb = pa.values.reshape(-1), pb.values.reshape(-1)
+        chunk = 1 << 18
+        out = np.empty(min(fa.size, chunk), fa.dtype)
+        for start in range(0, fa.size, chunk):
+            stop = min(start + chunk, fa.size)
+            np.subtract(fa[start:stop], fb[start:stop], out=out[:stop - start])
+        return None
+
+    def one(pair: tuple[object, object]) -> object:
+        ra, rb = pair
+        along = 1 if len(rb.shape or ()) == 3 else None  # type: ignore[attr-defined]
+        try:
+            return compare_payloads(a, ra, b, rb, atol=1e-5, rtol=1.3e-6, along=along)  # type: ignore[arg-type]
+        except TypeError:  # before issue 34: no positions in the pass
+            return compare_payloads(a, ra, b, rb, atol=1e-5, rtol=1.3e-6)  # type: ignore[arg-type]
+
+    work = one_pass if floor else one
+    times, cpu = [], []
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        list(pool.map(work, pairs))  # warm-up
+        for _ in range(repeats):
+            start, start_cpu = time.perf_counter(), time.process_time()
+            list(pool.map(work, pairs))
+            times.append(time.perf_counter() - start)
+            cpu.append(time.process_time() - start_cpu)
+    return statistics.median(times), statistics.median(cpu)
+
+
 def time_cli(argv: list[str], repeats: int) -> tuple[float, float, int]:
-    """Median seconds and the largest peak RSS (MB) of ``argv`` run as a fresh process, and its exit code."""
+    """Median seconds and the largest peak RSS (MB) of ``argv`` run as a fresh process, and its exit code
+    (``CLI_CPU[-1]`` then holds the median CPU seconds, user and system, of those runs)."""
     # The peak RSS comes from GNU time: a child forked from this (large) process would report this
     # process's RSS, which Linux carries across exec into the child's high-water mark.
     timer = shutil.which("time") or "/usr/bin/time"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
-    times, peaks, code = [], [], 0
+    times, peaks, cpu, code = [], [], [], 0
     with tempfile.TemporaryDirectory() as empty:  # no ./tracediff shadows the one on PYTHONPATH
         for _ in range(repeats + 1):  # the first run warms the page cache and writes the bytecode
             start = time.perf_counter()
-            done = subprocess.run([timer, "-f", "%M", *argv], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                  text=True, cwd=empty, env=env)
+            done = subprocess.run([timer, "-f", "%M %U %S", *argv], stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.PIPE, text=True, cwd=empty, env=env)
             times.append(time.perf_counter() - start)
-            peaks.append(int(done.stderr.strip().splitlines()[-1]) / 1024)
+            peak, user, system = done.stderr.strip().splitlines()[-1].split()
+            peaks.append(int(peak) / 1024)
+            cpu.append(float(user) + float(system))
             code = done.returncode
+    CLI_CPU.append(statistics.median(cpu[1:]))
     return statistics.median(times[1:]), max(peaks[1:]), code
+
+
+CLI_CPU: list[float] = []  # the median CPU seconds of each time_cli call, in order
 
 
 def peak_rss_child(a: str, b: str) -> None:
@@ -203,6 +260,8 @@ def main() -> None:
                         help="also time `tracediff align` on the two small traces of `tracediff demo`")
     parser.add_argument("--fast-path", action="store_true",
                         help="also time finding identical payloads from raw bytes vs by decoding them")
+    parser.add_argument("--comparison", action="store_true",
+                        help="also time the comparison of every payload pair alone (two threads)")
     parser.add_argument("--device", default="cpu", help="where the traces are written: cpu (default), cuda")
     parser.add_argument("--dtype", default="float32", help="model dtype of the traces: float32 (default), bfloat16")
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
@@ -231,17 +290,27 @@ def main() -> None:
     if args.fast_path:
         fast_path(here / "ref", here / "same", args.repeats)
 
+    if args.comparison:
+        total = payload_bytes(here / "ref") + payload_bytes(here / "port")
+        seconds, cpu = time_comparison(here / "ref", here / "port", args.repeats)
+        print(f"\ncomparison alone, ref~port, two threads, median of {args.repeats}: {seconds:.3f} s "
+              f"({total / seconds / 1e9:.2f} GB/s), CPU {cpu:.3f} s ({total / cpu / 1e9:.2f} GB per CPU second)")
+        seconds, cpu = time_comparison(here / "ref", here / "port", args.repeats, floor=True)
+        print(f"one numpy pass (a - b) over the same pairs, two threads: {seconds:.3f} s "
+              f"({total / seconds / 1e9:.2f} GB/s), CPU {cpu:.3f} s ({total / cpu / 1e9:.2f} GB per CPU second)")
+
     if args.cli:
         tool = [sys.executable, "-m", "tracediff"]
         print(f"\nend to end, one process per run ({' '.join(tool)} ...), median of {args.repeats}:")
         print(f"{'command':<28}{'MB (A+B)':>10}{'median s':>10}{'GB/s':>8}{'peak RSS MB':>13}  exit")
         seconds, peak, code = time_cli(tool + ["align", "--help"], args.repeats)
-        print(f"{'align --help (start-up)':<28}{'':>10}{seconds:>10.3f}{'':>8}{peak:>13.0f}  {code}")
+        print(f"{'align --help (start-up)':<28}{'':>10}{seconds:>10.3f}{'':>8}{peak:>13.0f}  {code}"
+              f"  CPU {CLI_CPU[-1]:.3f} s")
         for pair in ("same", "port"):
             total = payload_bytes(here / "ref") + payload_bytes(here / pair)
             seconds, peak, code = time_cli(tool + ["align", str(here / "ref"), str(here / pair)], args.repeats)
             print(f"{'align ref ' + pair:<28}{total / 1e6:>10.0f}{seconds:>10.3f}{total / seconds / 1e9:>8.2f}"
-                  f"{peak:>13.0f}  {code}")
+                  f"{peak:>13.0f}  {code}  CPU {CLI_CPU[-1]:.3f} s")
 
     if args.demo:
         demo = work / "demo"
@@ -250,9 +319,19 @@ def main() -> None:
                            stdout=subprocess.DEVNULL, check=True)
         argv = [sys.executable, "-m", "tracediff", "align", str(demo / "reference"), str(demo / "port"),
                 "--map", str(demo / "rename.json")]
-        seconds, peak, code = time_cli(argv, args.repeats)
+        numpy_floor = [sys.executable, "-c", "import numpy"]
+        runs: dict[str, list[tuple[float, float]]] = {"align": [], "numpy": []}
+        for _ in range(args.repeats):  # alternating, so that a busy spell hits both
+            for name, command in (("align", argv), ("numpy", numpy_floor)):
+                seconds, peak, code = time_cli(command, 1)
+                runs[name].append((seconds, CLI_CPU[-1]))
+        align_s, align_cpu = (statistics.median(r[i] for r in runs["align"]) for i in (0, 1))
+        numpy_s, numpy_cpu = (statistics.median(r[i] for r in runs["numpy"]) for i in (0, 1))
+        seconds, peak, code = time_cli(argv, 1)
         print(f"\ndemo traces, `tracediff align reference port --map rename.json`, one process per run, median of "
-              f"{args.repeats}: {seconds:.3f} s, peak RSS {peak:.0f} MB, exit {code}")
+              f"{args.repeats}: {align_s:.3f} s ({align_cpu:.3f} CPU s), peak RSS {peak:.0f} MB, exit {code}; "
+              f"`python -c 'import numpy'` alternating with it: {numpy_s:.3f} s ({numpy_cpu:.3f} CPU s): "
+              f"{align_s - numpy_s:+.3f} s above it ({align_cpu - numpy_cpu:+.3f} CPU s)")
 
     if args.memory:
         print(f"\n{'trace MB':>9}{'baseline RSS MB':>17}{'peak RSS MB':>13}")

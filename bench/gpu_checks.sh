@@ -23,11 +23,11 @@ torch.cuda.get_device_name(), 'cpus', os.cpu_count(), 'threads', torch.get_num_t
 
 step "CUDA tests"
 $py -m pytest -q -p no:cacheprovider tests/capturing/test_cuda.py tests/capturing/test_pipeline.py \
-  tests/capturing/test_device_stats.py 2>&1 | tee "$out/tests.txt" | tail -15
+  tests/capturing/test_device_stats.py tests/capturing/test_fused_stats.py 2>&1 | tee "$out/tests.txt" | tail -15
 
 step "capture on the GPU (preset gpu, bfloat16)"
 $py bench/bench_capture.py --preset gpu --device cuda --dtype bfloat16 --repeats 5 --floors --no-memory \
-  --configs plain,full_sync,full_w2,summary,summary_chunk1m,summary_nostats,hf --out-root /tmp/td-capture \
+  --configs plain,full_sync,full_w2,summary,summary_unfused,summary_nostats,hf --out-root /tmp/td-capture \
   --json "$out/capture_gpu.json" 2>&1 | tee "$out/capture_gpu.txt" | tail -14
 
 step "align of a GPU-made pair (bfloat16, written by tracediff.capture on the GPU)"
@@ -37,7 +37,7 @@ rm -rf /tmp/td-align
 
 step "summary capture on the GPU, sequence 8192"
 $py bench/bench_capture.py --preset gpu --device cuda --dtype bfloat16 --seq-len 8192 --repeats 5 --no-memory \
-  --configs plain,summary,summary_nostats --out-root /tmp/td-capture 2>&1 \
+  --configs plain,summary,summary_unfused,summary_nostats --out-root /tmp/td-capture 2>&1 \
   | tee "$out/summary_long.txt" | tail -8
 
 step "capture on this machine's CPU (preset cpu, float32)"

@@ -188,6 +188,7 @@ STEPS_OPTION = "steps"
 STEPS_SELECTED = "selected"
 STEPS_RECORDED = "recorded"
 STEPS_FULL = "full"
+STEPS_OTHERS = "others"  # what the steps not selected keep: "stats" (statistics) or "tree" (shapes and dtypes)
 #: On a top-level call made by ``generate``: the tokens of its step (``docs/trace-format.md``, 2.2):
 #: ``{"chosen": [id per sequence], "argmax": [...], "forced": true?, "prompt": [[...]] and "vocab_size": n on step 0}``.
 TOKENS = "tokens"

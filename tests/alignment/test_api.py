@@ -198,9 +198,10 @@ def test_a_draft_row_puts_every_value_in_its_own_field() -> None:
     import dataclasses
 
     from tracediff.alignment.rows import draft_row, freeze_rows
-    from tracediff.compare.measurement import Measurement
+    from tracediff.compare.measurement import ANNOTATIONS, Measurement
 
-    metrics = {f.name: f"metric {f.name}" for f in dataclasses.fields(Measurement)}  # every field a comparison fills
+    metrics = {f.name: f"metric {f.name}" for f in dataclasses.fields(Measurement)  # every field a comparison fills
+               if f.name not in ANNOTATIONS}  # (not the annotations' raw findings: annotate_rows sets those)
     who = dict(order=3, module_path_a="A.x", module_path_b="B.x", call_index=1, call_index_b=2, tensor="outputs",
                tensor_a="outputs.0", shape_a=(2, 3), shape_b=(3, 2), dtype_a="torch.float32",
                dtype_b="torch.bfloat16", atol=1e-5, rtol=1e-3, module_type="Linear")

@@ -33,7 +33,8 @@ def test_generate_numbers_its_forward_passes_from_the_prefill(tmp_path: Path) ->
     assert [root[fmt.STEP] for root in roots] == list(range(ports.NEW_TOKENS))
     lengths = [root["inputs"]["kwargs"]["input_ids"]["shape"] for root in roots]
     assert lengths == ["torch.Size([1, 6])"] + ["torch.Size([1, 1])"] * (ports.NEW_TOKENS - 1)
-    assert session.metadata["options"]["steps"] == {"selected": None, "recorded": 5, "full": [0, 1, 2, 3, 4]}
+    assert session.metadata["options"]["steps"] == {"selected": None, "recorded": 5, "full": [0, 1, 2, 3, 4],
+                                                    "others": "stats"}
     assert tracediff.load_trace(tmp_path / "t").root_steps == [0, 1, 2, 3, 4]
     assert "generate" not in model.__dict__  # the wrapper is gone
 
@@ -87,6 +88,57 @@ def test_journal_lines_name_only_payloads_on_disk_when_steps_are_dropped(
     monkeypatch.setattr(Journal, "_append", checked)
     capture_generation(ports.llama(), tmp_path / "t", steps=[0, -1], writers=writers)  # steps 1 to 3 dropped
     assert missing == []
+
+
+@pytest.mark.parametrize(("steps", "writers"), [([0, -1], 0), ([0, -1], 2), ([1], 0)])
+def test_other_steps_tree_keeps_the_call_tree_and_tokens_but_no_statistics(
+    tmp_path: Path, steps: list[int], writers: int
+) -> None:
+    """other_steps="tree": the steps left out keep every call and each tensor's shape, dtype and device, and
+    their tokens; the selected steps are written as with the default, statistics included."""
+    session = capture_generation(ports.llama(), tmp_path / "tree", steps=steps, other_steps="tree", writers=writers)
+    capture_generation(ports.llama(), tmp_path / "stats", steps=steps, writers=writers)
+    tree, stats = _roots(tmp_path / "tree"), _roots(tmp_path / "stats")
+    full = session.metadata["options"]["steps"]["full"]
+    assert session.metadata["options"]["steps"]["others"] == "tree"
+    assert full == [s if s >= 0 else ports.NEW_TOKENS + s for s in steps]
+    for left, right in zip(tree, stats):
+        assert _calls(left) == _calls(right)  # the same call tree
+        assert left.get(fmt.TOKENS) == right.get(fmt.TOKENS)
+        entries, kept = _entries(left), _entries(right)
+        assert [(e[fmt.SHAPE], e[fmt.DTYPE], e[fmt.DEVICE]) for e in entries] == \
+               [(e[fmt.SHAPE], e[fmt.DTYPE], e[fmt.DEVICE]) for e in kept]
+        if left[fmt.STEP] in full:  # written as by default: the same statistics and payload names
+            assert entries == kept
+        else:
+            assert all(set(e) == {fmt.SHAPE, fmt.DTYPE, fmt.DEVICE, fmt.STATS} for e in entries)
+            assert [e[fmt.STATS] for e in entries] == [{"numel": e[fmt.STATS]["numel"]} for e in kept]
+    referenced = {entry for root in tree for entry in _values(root)}
+    assert referenced == {path.name for path in (tmp_path / "tree").glob("*.safetensors")}
+    result = tracediff.align(tmp_path / "stats", tmp_path / "tree")  # the steps written compare exactly
+    assert {row.step for row in result.rows if row.status == "identical" and not row.approximate} >= set(full)
+
+
+def test_other_steps_needs_a_selection_and_a_known_choice(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="other_steps='none': expected one of stats, tree"):
+        capture_generation(ports.llama(), tmp_path / "t", steps=[0], other_steps="none")
+    code = main(["capture", _spec(tmp_path), "--out", str(tmp_path / "u"), "--generate", "--other-steps", "tree"])
+    assert code == 2
+
+
+def _calls(node: dict) -> list[str]:
+    return [node.get(fmt.MODULE_PATH, ""), *(p for child in node.get(fmt.CHILDREN, []) for p in _calls(child))]
+
+
+def _entries(node: object) -> list[dict]:
+    if isinstance(node, dict):
+        if fmt.is_tensor_entry(node):
+            return [node]
+        return [e for key, item in node.items() if key not in (fmt.SUBSEQUENT_CALLS, fmt.TOKENS)
+                for e in _entries(item)]
+    if isinstance(node, list):
+        return [e for item in node for e in _entries(item)]
+    return []
 
 
 def test_a_selected_step_reads_back_like_a_full_capture(tmp_path: Path) -> None:

@@ -41,6 +41,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from ..compare.measurement import Measurement
 from ..compare.records import compare_records
 from ..compare.tolerance import Tolerance, TolerancePolicy
 from ..errors import UsageError
@@ -49,7 +50,7 @@ from ..sharding import ShardedTrace, ShardRules, is_multi_rank, load_sharded, re
 from ..trace.load import Trace, load_trace
 from ..trace.model import Node, TensorRecord
 from .decode_steps import restrict_steps, set_steps, step_count, summarize_steps
-from .lm_verdicts import annotate_rows, check_logits_patterns, position_strip
+from .lm_verdicts import annotate_rows, check_logits_patterns, position_strip, reread_jobs, sequence_axes
 from .ops import annotate_op_rows, pair_ops
 from .pairing.permuted import decide_orders
 from .pairing.plan import Plan, plan_pairs
@@ -189,13 +190,17 @@ def align(
     jobs.sort(key=lambda job: job[3].order)
 
     tick = _progress(progress, jobs)
+    axis_of = sequence_axes(trace_b)
+    # what the comparison of row i found for its annotations (pcc, positions): read once, in the same pass
+    measurements: list[Measurement | None] = [None] * len(jobs)
 
     def compare(order: int, tick: Callable[[Any], None] = tick) -> RowDraft:
         na, ra, nb, rb = jobs[order]
         atol, rtol = policy.resolve((na.relative_path, nb.relative_path), ra.dtype, rb.dtype)
         # a pair related by a layout transform is compared through it (plan.how is empty for most traces)
         measurement = plan.how and plan.compare(trace_a, ra, trace_b, rb, atol=atol, rtol=rtol) \
-            or compare_records(trace_a, ra, trace_b, rb, atol=atol, rtol=rtol)
+            or compare_records(trace_a, ra, trace_b, rb, atol=atol, rtol=rtol, along=axis_of(nb, rb))
+        measurements[order] = measurement
         tick(rb)
         return draft_row(order, na.module_path, nb.module_path, na.call_index, nb.call_index, rb.slot,
                          ra.slot, ra.shape, rb.shape, ra.dtype, rb.dtype, atol, rtol,
@@ -207,7 +212,8 @@ def align(
         drafts: list[RowDraft] = run(compare, range(len(jobs)))
     tick(None)
     # rotary pairs side by side or in halves
-    reordered = decide_orders(drafts, jobs, trace_a, trace_b, plan.values, transformed=plan.how.keys())
+    reordered = decide_orders(drafts, jobs, trace_a, trace_b, plan.values, transformed=plan.how.keys(),
+                              pcc=[m.pcc if m is not None else None for m in measurements])
     for i, order in reordered.items():
         plan.how[(id(jobs[i][1]), id(jobs[i][3]))] = ("layout", order)
     drafts = [compare(i, _no_tick) if i in reordered else row for i, row in enumerate(drafts)]
@@ -223,9 +229,10 @@ def align(
         verdicts = judge(drafts, jobs, trace_a, baseline=trace_n, noise_factor=float(noise_factor),
                          ignore=ignore_rules, run=run)
     set_steps(drafts, trace_b)
-    annotated = [jobs[row.order] for row in drafts if row.order < len(jobs) and row.status != "identical"]
-    with _workers(_pair_bytes(annotated)) as run:  # pcc and positions read the pairs again
-        logits_verdicts = annotate_rows(drafts, jobs, trace_a, trace_b, logits=logits_patterns, run=run)
+    again = reread_jobs(drafts, jobs, measurements, logits_patterns)
+    with _workers(_pair_bytes(again)) as run:  # only what the comparison could not annotate is read again
+        logits_verdicts = annotate_rows(drafts, jobs, trace_a, trace_b, logits=logits_patterns, run=run,
+                                        measurements=measurements)
     rows = freeze_rows(drafts)  # decided: from here on every row is a frozen TensorComparison
     del drafts
     name_ranks(rows, jobs, trace_a, trace_b)  # sharded traces: whose shard first goes out of tolerance

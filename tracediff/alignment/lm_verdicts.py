@@ -1,7 +1,8 @@
 """Language-model verdicts on aligned rows: positions, PCC, and the next-token distribution.
 
-After the rows are measured, each pair with payloads on both sides (same
-shape) is read once more:
+For each pair with payloads on both sides (same shape), found in the
+comparison's own pass (:mod:`tracediff.compare.row_pass`; a pair is read
+again only in the cases :func:`annotate_rows` lists):
 
 * ``pcc``: the Pearson correlation of its elements (1.0 for identical pairs);
 * ``position`` / ``positions_beyond``: for a row out of tolerance with a
@@ -22,16 +23,18 @@ from __future__ import annotations
 
 import fnmatch
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 from .. import format as fmt
 from ..compare.logits import DEFAULT_TOP_K, logits_metrics, pearson
-from ..compare.positions import position_error_ratios, positions_beyond_tolerance, sequence_dim
+from ..compare.measurement import Measurement
+from ..compare.positions import PositionErrors, position_error_ratios, positions_beyond_tolerance, sequence_dim
 from ..errors import TracediffError, UsageError
 from ..trace.load import Trace
+from ..trace.model import Node, TensorRecord
 from ..trace.payload import as_floats, is_complex
 from .decode_steps import root_of_calls, sequence_starts
 from .lm_results import FlipVerdict, LogitsVerdict, PositionStrip
@@ -99,11 +102,55 @@ def _set(row: RowDraft, **fields: Any) -> None:
         setattr(row, name, value)
 
 
+def sequence_axes(b: Trace) -> Callable[[Node, TensorRecord], int | None]:
+    """``axis(node, record)``: the sequence dimension of B's tensor ``record`` of call ``node`` (None: none),
+    so that the comparison finds the positions out of tolerance in the same pass as the metrics."""
+    starts = sequence_starts(b)
+    roots = root_of_calls(b)
+
+    def axis(node: Node, record: TensorRecord) -> int | None:
+        if not record.has_payload or not record.shape:
+            return None
+        index = roots.get((node.module_path, node.call_index))
+        start, length = starts.get(index, (0, None)) if index is not None else (0, None)
+        found = _sequence_axis(record.slot, record.shape, start, length)
+        return None if found is None else found[0]
+
+    return axis
+
+
+def _from_pass(row: RowDraft, measurement: Measurement | None, logits_row: bool) -> bool:
+    """True when the comparison's own pass found what the row needs (no second read of its payloads)."""
+    return (measurement is not None and measurement.pcc is not None and not logits_row
+            and (row.within_tolerance is not False or measurement.positions is not None))
+
+
+def reread_jobs(rows: Sequence[RowDraft], jobs: Sequence[Job], measurements: Sequence[Measurement | None],
+                logits: tuple[str, ...]) -> list[Job]:
+    """The pairs ``annotate_rows`` reads again: logits rows, and rows whose comparison could not annotate them."""
+    again = []
+    for row in rows:
+        if row.order >= len(jobs) or row.op is not None:
+            continue
+        job = jobs[row.order]
+        logits_row = is_logits_row(row, job[2].relative_path, logits)
+        if (row.status != "identical" or logits_row) and not _from_pass(row, measurements[row.order], logits_row):
+            again.append(job)
+    return again
+
+
 def annotate_rows(rows: Sequence[RowDraft], jobs: Sequence[Job], a: Trace, b: Trace, *,
-                  logits: tuple[str, ...] = (), run: Runner | None = None) -> tuple[LogitsVerdict, ...]:
+                  logits: tuple[str, ...] = (), run: Runner | None = None,
+                  measurements: Sequence[Measurement | None] = ()) -> tuple[LogitsVerdict, ...]:
     """Fill ``pcc``, ``position``, ``positions_beyond`` and the logits columns of ``rows`` (still being built);
     returns the logits verdicts. ``jobs[row.order]`` is the pair a row compared. ``run(fn, items)`` maps
-    ``fn`` over the rows (the alignment's worker threads: each row is read and annotated on its own)."""
+    ``fn`` over the rows (the alignment's worker threads: each row is read and annotated on its own).
+
+    ``measurements[row.order]``, when given, is what comparing the pair found: its ``pcc`` and
+    ``positions`` (see :mod:`tracediff.compare.row_pass`) are used as they are. Only the rows they do not
+    cover are read again: logits rows (KL and top-k need whole positions), pairs compared from statistics or
+    through a layout, integer pairs, and the rare pair whose pcc the pass could not vouch for.
+    """
     starts = sequence_starts(b)
     roots = root_of_calls(b)
 
@@ -123,6 +170,15 @@ def annotate_rows(rows: Sequence[RowDraft], jobs: Sequence[Job], a: Trace, b: Tr
             _set(row, position=start, positions_beyond=1)
         if not (ra.has_payload and rb.has_payload) or ra.shape != rb.shape or row.approximate:
             return None
+        measurement = measurements[row.order] if row.order < len(measurements) else None
+        if measurement is not None and _from_pass(row, measurement, logits_row):
+            _set(row, pcc=measurement.pcc)
+            axis = _sequence_axis(rb.slot, rb.shape or (), start, length) if row.within_tolerance is False else None
+            if axis is not None and measurement.positions is not None:
+                _set_positions(row, axis[1], measurement.positions)
+            elif row.within_tolerance is True:
+                _set(row, positions_beyond=0)
+            return None
         values = _read_pair(a, ra, b, rb)
         if values is None:
             return None
@@ -131,8 +187,7 @@ def annotate_rows(rows: Sequence[RowDraft], jobs: Sequence[Job], a: Trace, b: Tr
         axis = _sequence_axis(rb.slot, va.shape, start, length) if row.within_tolerance is False else None
         if axis is not None:
             dim, first = axis
-            found = positions_beyond_tolerance(va, vb, atol=row.atol, rtol=row.rtol, dim=dim)
-            _set(row, position=None if found.first is None else first + found.first, positions_beyond=found.count)
+            _set_positions(row, first, positions_beyond_tolerance(va, vb, atol=row.atol, rtol=row.rtol, dim=dim))
         elif row.within_tolerance is True:
             _set(row, positions_beyond=0)
         if logits_row and va.ndim >= 1 and va.shape[-1] > 1:
@@ -141,6 +196,11 @@ def annotate_rows(rows: Sequence[RowDraft], jobs: Sequence[Job], a: Trace, b: Tr
 
     mapped = run(annotate, list(rows)) if run is not None else [annotate(row) for row in rows]
     return tuple(verdict for verdict in mapped if verdict is not None)
+
+
+def _set_positions(row: RowDraft, first: int, found: PositionErrors) -> None:
+    """The row's first absolute position out of tolerance (``first``: the absolute position of index 0)."""
+    _set(row, position=None if found.first is None else first + found.first, positions_beyond=found.count)
 
 
 def _read_pair(a: Trace, ra: Any, b: Trace, rb: Any) -> tuple[np.ndarray, np.ndarray] | None:

@@ -9,16 +9,22 @@ pass that reads the k-th generated token (``docs/trace-format.md``, 2.1)::
         model.generate(input_ids, max_new_tokens=256, do_sample=False)
 
 ``steps`` selects the steps whose tensors are written in full; the others keep
-their statistics only, so a long generation stays small. Negative numbers
+their statistics only (``other_steps="stats"``, the default), or nothing but
+the call tree, each tensor's shape, dtype, device and element count, and the tokens
+(``other_steps="tree"``: no statistics are computed for them, so a long
+generation costs little more than the generation). Negative numbers
 count from the last step, which is known only once ``generate`` returns: the
 payloads of the latest ``max(-k)`` steps are held in memory (copied, as the
 payload pipeline copies them) and written when ``generate`` returns, or dropped
-once enough later steps have run. Default (``steps=None``): every step in full.
+once enough later steps have run (with ``other_steps="tree"`` their
+statistics are computed only for the steps that are written). Default
+(``steps=None``): every step in full.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -31,9 +37,20 @@ from torch import nn
 from .. import format as fmt
 from ..errors import TracediffError, UsageError
 from ..files.payloads import write_tensor_file
+from ..trace.load import parse_shape
+from .pipeline import Measure
+from .stats import StatsBuffers
 from .tokens import ReferenceTokens, StepTokens
 
 _MISSING = object()
+OTHER_STEPS = ("stats", "tree")
+
+
+def check_other_steps(other_steps: str) -> str:
+    """``other_steps`` when it is one of ``OTHER_STEPS``; UsageError otherwise."""
+    if other_steps not in OTHER_STEPS:
+        raise UsageError(f"other_steps={other_steps!r}: expected one of {', '.join(OTHER_STEPS)}")
+    return other_steps
 
 
 def parse_steps(steps: str | Iterable[int] | None) -> tuple[int, ...] | None:
@@ -61,14 +78,15 @@ class _HeldStep:
 
     step: int
     node: dict[str, Any]  # the step's top-level call
-    payloads: list[tuple[Path, torch.Tensor]] = field(default_factory=list)
+    measures: bool = False  # statistics deferred to the write (other_steps="tree": a dropped step needs none)
+    payloads: list[tuple[Path, torch.Tensor, Measure | None]] = field(default_factory=list)
     callbacks: list[Callable[[], None]] = field(default_factory=list)
     nbytes: int = 0
 
-    def submit(self, path: Path, tensor: torch.Tensor) -> int:
+    def submit(self, path: Path, tensor: torch.Tensor, measure: Measure | None = None) -> int:
         """Stand in for the payload writer: copy the tensor (the model may change it later) and keep it."""
         nbytes = tensor.numel() * tensor.element_size()
-        self.payloads.append((path, tensor.detach().clone()))
+        self.payloads.append((path, tensor.detach().clone(), measure))
         self.nbytes += nbytes
         return nbytes
 
@@ -84,8 +102,10 @@ class StepTracker:
     """
 
     def __init__(self, model: nn.Module, encoder: Any, selected: tuple[int, ...] | None,
-                 fail: Callable[[TracediffError], None], forcing: ReferenceTokens | None = None) -> None:
+                 fail: Callable[[TracediffError], None], forcing: ReferenceTokens | None = None,
+                 others: str = "stats") -> None:
         self.model = model
+        self.others = others  # what the steps not selected keep (OTHER_STEPS)
         self.forcing = forcing  # teacher forcing: the reference's tokens, fed to every generation (tokens.py)
         self.nodes: list[dict[str, Any]] = []  # the top-level calls of the current generation, in step order
         self.encoder = encoder
@@ -144,7 +164,7 @@ class StepTracker:
         if not self.recorded:
             return None
         return {fmt.STEPS_SELECTED: list(self.selected) if self.selected is not None else None,
-                fmt.STEPS_RECORDED: self.recorded, fmt.STEPS_FULL: sorted(self.full)}
+                fmt.STEPS_RECORDED: self.recorded, fmt.STEPS_FULL: sorted(self.full), fmt.STEPS_OTHERS: self.others}
 
     def begin(self, node: dict[str, Any]) -> None:
         """A top-level call starts: give it its step and set how its tensors are recorded."""
@@ -162,7 +182,7 @@ class StepTracker:
         elif self._window and self.base_mode != "summary":
             while len(self._held) >= self._window:
                 self._drop(self._held.popleft())
-            held = _HeldStep(step, node)
+            held = _HeldStep(step, node, measures=self.others == "tree")
             self._held.append(held)
             self._record(full=True, held=held)
         else:
@@ -170,6 +190,7 @@ class StepTracker:
 
     def _record(self, *, full: bool, held: _HeldStep | None) -> None:
         self.encoder.tensors = self.base_mode if full else "summary"
+        self.encoder.statistics = full or self.others == "stats"
         if self.base_mode == "full":
             self.encoder.pipeline = held if held is not None else self.real_pipeline
 
@@ -195,8 +216,9 @@ class StepTracker:
 
     def _drop(self, held: _HeldStep) -> None:
         """A step that is not among the last ones: its entries keep their statistics only."""
+        tree = self.others == "tree"
         for key in (fmt.INPUTS, fmt.OUTPUTS, fmt.CHILDREN):  # the root's later calls are other steps
-            _drop_values(held.node.get(key))
+            _drop_values(held.node.get(key), tree)
         self.encoder.files -= len(held.payloads)
         self.encoder.payload_bytes -= held.nbytes
         for callback in held.callbacks:  # journal lines of calls whose payloads were not kept
@@ -205,10 +227,12 @@ class StepTracker:
     def _write(self, held: _HeldStep) -> None:
         pipeline = self.real_pipeline
         try:
-            for path, tensor in held.payloads:
+            for path, tensor, measure in held.payloads:
                 if pipeline is not None:
-                    pipeline.submit(path, tensor)
+                    pipeline.submit(path, tensor, measure)
                 else:
+                    if measure is not None:
+                        measure(tensor, StatsBuffers())
                     write_tensor_file(path, tensor)
         except TracediffError as e:
             self.fail(e)
@@ -217,14 +241,20 @@ class StepTracker:
             pipeline.after_written(callback) if pipeline is not None else callback()
 
 
-def _drop_values(value: Any) -> None:
-    """Remove ``value`` from every tensor entry under ``value`` (a node: its inputs, outputs and children)."""
+def _drop_values(value: Any, tree: bool = False) -> None:
+    """Remove ``value`` from every tensor entry under ``value`` (a node: its inputs, outputs and children);
+    with ``tree``, their statistics too but ``numel`` (never computed: they were deferred to the write)."""
     if isinstance(value, dict):
         if fmt.is_tensor_entry(value):
             value.pop(fmt.VALUE, None)
+            if tree:  # as other_steps="tree" writes the entries of a step it knew was left out
+                shape = parse_shape(value[fmt.SHAPE])
+                value[fmt.STATS] = {"numel": math.prod(shape) if shape is not None else 0}
+                for key in fmt.STRING_STAT_KEYS:
+                    value.pop(key, None)
             return
         for item in value.values():
-            _drop_values(item)
+            _drop_values(item, tree)
     elif isinstance(value, list):
         for item in value:
-            _drop_values(item)
+            _drop_values(item, tree)

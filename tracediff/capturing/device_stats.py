@@ -2,18 +2,22 @@
 
 Reading a statistic back from a GPU (``.item()``, ``.tolist()``) waits for
 every kernel queued before it: one such wait per recorded tensor serializes
-the forward with the capture. ``DeviceStats.launch`` only queues the kernels
-of :func:`tracediff.capturing.stats.wide_partials` (or ``integer_partials``)
-per chunk of at most ``DEVICE_CHUNK`` elements; no branch depends on the data, so
-nothing waits. The partials stay on the device until ``resolve``, which reads
+the forward with the capture. ``DeviceStats.launch`` only queues kernels: for a
+floating CUDA tensor, when Triton can be imported, the one fused kernel of
+:mod:`tracediff.capturing.fused_stats` (one read of the tensor); otherwise those of
+:func:`tracediff.capturing.stats.wide_partials` (or ``integer_partials``) per chunk
+of at most ``DEVICE_CHUNK`` elements. No branch depends on the data, so nothing waits.
+The partials stay on the device until ``resolve``, which reads
 every pending tensor's numbers in one transfer per device and fills in the
 entries' statistics in place with the same ``float_summary`` /
 ``integer_summary`` as the host path. A capture resolves every ``batch``
 tensors (default 256) and when it ends.
 
 The keys and their meaning are those of ``tensor_stats``. The sums run in
-float64, so for float32 and narrower tensors the moments can differ from the
-host path's float32 sums in the last digits; counts, min and max are exact.
+float64 (the fused kernel's: in float32 within blocks of 1,024 elements, as the
+host path sums float32, and in float64 beyond), so for float32 and narrower
+tensors the moments can differ from the host path's in the last digits; counts,
+min and max are exact.
 Complex tensors and unsigned integers wider than 8 bits are measured directly
 (rare, and torch lacks the kernels on some devices).
 """
@@ -27,6 +31,7 @@ from typing import Any
 
 import torch
 
+from .fused_stats import fused_available, fused_partials
 from .stats import (
     FLOAT_DTYPES,
     WIDE_UNSIGNED,
@@ -77,8 +82,11 @@ class DeviceStats:
         kind = "float" if t.dtype in FLOAT_DTYPES else "bool" if t.dtype == torch.bool else "int"
         flat = t.reshape(-1)
         chunk = DEVICE_CHUNK
-        parts = [wide_partials(flat[start:start + chunk], self._buffers) if kind == "float" else integer_partials(
-            flat[start:start + chunk]) for start in range(0, n, chunk)]
+        if kind == "float" and fused_available(flat):
+            parts = [fused_partials(flat)]
+        else:
+            parts = [wide_partials(flat[start:start + chunk], self._buffers) if kind == "float" else
+                     integer_partials(flat[start:start + chunk]) for start in range(0, n, chunk)]
         with self._lock:
             self._pending.append((entry, stats, n, t.dtype, kind, parts))
             full = len(self._pending) >= self.batch

@@ -54,6 +54,7 @@ class Encoder:
         self.measure = measure  # the statistics of a host tensor: None for ``tensor_stats``, ``numpy_stats`` for MLX
         self.pipeline = pipeline  # writes payloads on writer threads; None: written here, synchronously
         self.tensors = tensors
+        self.statistics = True  # False: entries of a decode step left out with other_steps="tree" (decode_steps)
         self.full_dtensor = full_dtensor
         self.files = 0
         self.payload_bytes = 0
@@ -171,8 +172,11 @@ class Encoder:
         self.devices.add(device)
         self.dtypes.add(str(dtype))
         full = self.tensors == "full"
-        # Measured later: by the payload's writer thread, or on the device and filled in by resolve_stats().
-        by_writer = full and isinstance(self.pipeline, PayloadPipeline) and self.pipeline.measures
+        if not (full or self.statistics):  # shape, dtype, device and numel only: nothing measured
+            return fmt.tensor_entry(repr(tensor.shape), repr(dtype), stats={"numel": tensor.numel()}, device=device)
+        # Measured later: by the payload's writer thread (or a held decode step's write), or on the device and
+        # filled in by resolve_stats().
+        by_writer = full and bool(getattr(self.pipeline, "measures", False))
         on_device = not by_writer and measured_on_device(tensor)
         stored: str | list[str] | None = None
         if full:

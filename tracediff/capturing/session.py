@@ -59,7 +59,7 @@ from ._patch import ForwardPatch
 from ._tree import prune_intermediate_layers, trace_file_names
 from .backward import BackwardRecorder
 from .compat import sanitize_repr
-from .decode_steps import StepTracker, parse_steps
+from .decode_steps import StepTracker, check_other_steps, parse_steps
 from .distributed import current_rank, run_start, versioned_collectives, world_size
 from .encode import Encoder, TensorMode
 from .jax_adapter import FRAMEWORK as JAX_FRAMEWORK
@@ -272,6 +272,7 @@ def capture(
     pool_mb: int = DEFAULT_POOL_MB,
     steps: str | Sequence[int] | None = None,
     teacher_forcing: str | Path | None = None,
+    other_steps: str = "stats",
 ) -> Iterator[CaptureSession]:
     """Record every module call of ``model`` made inside the block into ``out_dir``.
 
@@ -322,6 +323,10 @@ def capture(
             every step in full. Every top-level call made by ``generate`` is
             numbered (``step``) either way. See
             :mod:`tracediff.capturing.decode_steps`.
+        other_steps: what the steps ``steps`` leaves out keep: ``"stats"``
+            (default: every tensor's statistics) or ``"tree"`` (the call tree,
+            each tensor's shape, dtype and device, and the tokens; no statistics
+            are computed, so such a capture costs least).
         teacher_forcing: a reference trace captured around ``generate``: each
             ``model.generate(...)`` in the block is fed the reference's token
             at every step instead of its own choice, and stops after the
@@ -356,6 +361,7 @@ def capture(
                          f"{type(model).__name__}")
     check_pipeline_options(writers, pool_mb)
     selected_steps = parse_steps(steps)
+    check_other_steps(other_steps)
     forcing = read_reference_tokens(teacher_forcing) if teacher_forcing is not None else None
     if forcing is not None:
         check_forcing_model(forcing, model)
@@ -392,7 +398,8 @@ def capture(
         run = _sharded_run(model, out, run.started, rank, world, type(model).__name__)
         recorder.styles = style_layouts(model, run.mesh)
     recorder.journal = Journal(folder)
-    recorder.steps = StepTracker(model, encoder, selected_steps, fail=recorder.stopped, forcing=forcing)
+    recorder.steps = StepTracker(model, encoder, selected_steps, fail=recorder.stopped, forcing=forcing,
+                                 others=other_steps)
     op_recorder = op_capture(recorder, op_selection)
     patch: ForwardPatch | MlxCallPatch | NnxCallPatch = (
         MlxCallPatch(model, recorder, root_name=recorder.model_name) if mlx

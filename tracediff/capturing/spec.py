@@ -31,7 +31,7 @@ from ..files.atomic import check_out_dir, ensure_writable_dir
 from ..files.confine import check_regular_file
 from ..files.payloads import read_tensor_file
 from .conditions import parse_device, parse_dtype, to_conditions
-from .decode_steps import parse_steps
+from .decode_steps import check_other_steps, parse_steps
 from .journal import claim_folder
 from .mlx_adapter import cast_mlx, is_mlx_array, is_mlx_module, to_mlx
 from .pipeline import DEFAULT_POOL_MB
@@ -254,6 +254,7 @@ def capture_spec(
     steps: str | Sequence[int] | None = None,
     teacher_forcing: str | Path | None = None,
     ranks: Literal["all"] | int = 0,
+    other_steps: str = "stats",
 ) -> CaptureSession:
     """Load a SPEC, optionally replace its inputs, and capture one forward under ``torch.no_grad()``.
 
@@ -277,8 +278,9 @@ def capture_spec(
 
     ``generate=True`` runs ``model.generate(*args, **kwargs)`` instead of the
     forward (with ``max_new_tokens`` when given), and each forward pass is
-    recorded as a decode step; ``steps`` selects the steps written in full
-    (see :mod:`tracediff.capturing.decode_steps`). Default: one forward.
+    recorded as a decode step; ``steps`` selects the steps written in full,
+    ``other_steps`` what the others keep (``"stats"``, default, or ``"tree"``;
+    see :mod:`tracediff.capturing.decode_steps`). Default: one forward.
     ``teacher_forcing`` (with ``generate``) feeds the reference trace's tokens
     to ``generate`` step by step (see :mod:`tracediff.capturing.tokens`); the
     reference is checked before the model is built, and its prompt and
@@ -305,6 +307,9 @@ def capture_spec(
     if generate and backward:
         raise UsageError("generate and backward cannot be combined: capture a forward with backward")
     parse_steps(steps)
+    check_other_steps(other_steps)
+    if other_steps != "stats" and steps is None:
+        raise UsageError("other_steps says what the steps left out by steps keep: add steps (--steps 0,-1)")
     forcing = read_reference_tokens(teacher_forcing) if teacher_forcing is not None else None
     parse_dtype(dtype), parse_device(device)  # a bad --dtype/--device fails before the model is built
     # Taken now, held until the capture ends: a second capture into the folder meanwhile is refused.
@@ -339,7 +344,8 @@ def capture_spec(
                                 verify=verify, prune_layers=prune_layers, backward=backward,
                                 progress=progress, ops=ops, ops_exclude=ops_exclude, ops_in=ops_in,
                                 ops_min_numel=ops_min_numel, writers=writers, pool_mb=pool_mb,
-                                steps=steps, teacher_forcing=teacher_forcing, ranks=ranks) as session:
+                                steps=steps, teacher_forcing=teacher_forcing, ranks=ranks,
+                                other_steps=other_steps) as session:
             if generate:
                 extra = {"max_new_tokens": max_new_tokens} if max_new_tokens is not None else {}
                 output = cast(Any, model).generate(*args, **kwargs, **extra)

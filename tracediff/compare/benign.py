@@ -37,13 +37,16 @@ def is_exact_dtype(dtype: str) -> bool:
     return not (is_floating(dtype) or is_complex(dtype))
 
 
-def prepare_pair(a: Any, b: Any) -> tuple[Payload, Payload, list[str]]:
+def prepare_pair(a: Any, b: Any, *, recorded_a: tuple[Any, Any] | None = None) -> tuple[Payload, Payload, list[str]]:
     """Bring a pair to comparable form; returns ``(a, b, notes)`` with one note per thing done.
 
     Squeezes singleton dimensions when that is all that differs, splits
     complex tensors into (real, imaginary) pairs, and makes saturated
     positions of ``b`` equal to ``a``'s. Integer pairs are left as they are
     (see :func:`exact_mismatches`). Takes payloads, numpy arrays or torch tensors.
+
+    ``recorded_a``: ``a``'s recorded (min, max), written with the payload; when both are finite numbers
+    below half its dtype's largest value, nothing can saturate and ``a`` is not scanned for its extremes.
     """
     a, b = payload_of(a), payload_of(b)
     notes: list[str] = []
@@ -55,7 +58,7 @@ def prepare_pair(a: Any, b: Any) -> tuple[Payload, Payload, list[str]]:
         notes.append("complex: compared on real and imaginary parts")
         a, b = _as_real_pairs(a), _as_real_pairs(b)
     if is_floating(a.dtype) and is_floating(b.dtype) and a.shape == b.shape:
-        b, (saturated, masked) = _settle_saturated(a, b)
+        b, (saturated, masked) = _settle_saturated(a, b, recorded_a)
         if saturated:
             notes.append(f"{saturated} saturated values (at their dtype's finite extreme on both sides) "
                          "treated as equal")
@@ -86,15 +89,20 @@ def _extremes(p: Payload) -> tuple[float, float]:
     return low, high
 
 
-def _settle_saturated(a: Payload, b: Payload) -> tuple[Payload, tuple[int, int]]:
+def _settle_saturated(a: Payload, b: Payload, recorded: tuple[Any, Any] | None = None
+                      ) -> tuple[Payload, tuple[int, int]]:
     """``b`` with positions where both sides saturate alike replaced by ``a``'s value, and their counts (both at
     their extreme; one at its extreme, the other at most ``-1e4``).
 
-    One cheap pass over ``a``'s extremes first: most tensors hold nothing near them.
+    One cheap pass over ``a``'s extremes first (none when its recorded extremes are far from them): most
+    tensors hold nothing near them.
     """
     if a.size == 0:
         return b, (0, 0)
     max_a, max_b = finite_max(a.dtype), finite_max(b.dtype)
+    if recorded is not None and all(isinstance(v, (int, float)) and abs(v) < 0.5 * max_a for v in recorded) \
+            and recorded[0] > MASKED_AT:  # far from its extremes, and nothing of a masked as an older port masks
+        return b, (0, 0)
     low, high = _extremes(a)
     if not (low <= MASKED_AT or high >= max_a):  # all NaN leaves (inf, -inf): nothing saturates
         return b, (0, 0)

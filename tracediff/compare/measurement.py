@@ -14,6 +14,7 @@ from ..trace.model import TensorRecord
 
 if TYPE_CHECKING:
     from .metrics import PairMetrics
+    from .positions import PositionErrors
 
 NAN = math.nan
 
@@ -27,7 +28,9 @@ class Measurement(Mapping[str, Any]):
     could be compared. ``approximate`` is True when the metrics come from
     recorded statistics, not payloads (only ``max_abs_err``, ``max_rel_err``,
     the NaN/Inf mismatches and the required tolerances are then measured).
-    Equal measurements may be one shared object: it is frozen.
+    Equal measurements may be one shared object: it is frozen. ``pcc`` and
+    ``positions`` are what the payload pass found for the row's annotations
+    (:mod:`tracediff.compare.row_pass`), None when it found nothing to say.
 
     It is also a read-only ``Mapping`` of its fields (``m["max_abs_err"]``,
     ``m.keys()``), as the result of ``compare_stats`` and ``compare_records`` was in
@@ -48,6 +51,10 @@ class Measurement(Mapping[str, Any]):
     inf_mismatch: int = 0
     required_atol: float = NAN
     required_rtol: float = NAN
+    # found in the same pass, for the row's annotations (tracediff.compare.row_pass); not part of the mapping.
+    # None: not measured in the pass (statistics, a layout transform, integers), or the pass could not vouch.
+    pcc: float | None = None
+    positions: PositionErrors | None = None
 
     def __getitem__(self, key: str) -> Any:
         if key not in _FIELDS:
@@ -61,7 +68,9 @@ class Measurement(Mapping[str, Any]):
         return len(_NAMES)
 
 
-_NAMES = tuple(f.name for f in fields(Measurement))
+ANNOTATIONS = ("pcc", "positions")
+"""The fields a payload pass finds for the row's annotations, beside the metrics (not part of the mapping)."""
+_NAMES = tuple(f.name for f in fields(Measurement) if f.name not in ANNOTATIONS)
 _FIELDS = frozenset(_NAMES)
 
 

@@ -58,6 +58,7 @@ from typing import Any
 import numpy as np
 
 from ..trace.payload import Payload, as_floats, payload_of
+from .row_pass import PearsonSums, PositionTracker, RowExtras
 from .rule import passes
 from .scaled import ScaledSum, exponent_of, safe_ldexp, scale_down, scaled_sums, sums_are_safe
 
@@ -140,22 +141,41 @@ def compare_tensors(a: Any, b: Any, *, atol: float, rtol: float) -> PairMetrics:
     never widened whole); each chunk's partial sums are combined in float64.
     Chunks holding a NaN or an infinity are redone in float64.
     """
+    return _measure(a, b, atol, rtol, None, False)[0]
+
+
+def measure_tensors(a: Any, b: Any, *, atol: float, rtol: float, along: int | None = None
+                    ) -> tuple[PairMetrics, RowExtras]:
+    """``compare_tensors`` and, in the same pass, the pair's pcc and (``along``: a dimension of the shape)
+    the positions along ``along`` holding an element out of tolerance (:mod:`tracediff.compare.row_pass`).
+
+    An identical pair has pcc 1 and no position out of tolerance.
+    """
+    return _measure(a, b, atol, rtol, along, True)
+
+
+def _measure(a: Any, b: Any, atol: float, rtol: float, along: int | None, extras: bool
+             ) -> tuple[PairMetrics, RowExtras]:
     a, b = payload_of(a), payload_of(b)
     if a.shape != b.shape:
         raise ValueError(f"shapes differ: {a.shape} vs {b.shape}")
     n = a.size
+    tracker = PositionTracker(a.shape, along) if extras and along is not None else None
     if _probably_equal(a, b) and bitwise_equal(a, b):
-        return identical_metrics(n)
+        positions = tracker.result() if tracker is not None else None
+        return identical_metrics(n), RowExtras(1.0 if n else math.nan, positions)
     work = np.float64 if "float64" in (a.dtype, b.dtype) else np.float32
     fa, fb = a.values.reshape(-1), b.values.reshape(-1)
-    acc = _Accumulator(atol, rtol)
+    pearson = PearsonSums() if extras else None
+    acc = _Accumulator(atol, rtol, pearson, tracker)
     scratch = _scratch(work)
     with _quiet():
         for start in range(0, n, CHUNK):
             stop = min(start + CHUNK, n)
             acc.add(as_floats(fa[start:stop], a.dtype, work, scratch.wide_a[:stop - start]),
-                    as_floats(fb[start:stop], b.dtype, work, scratch.wide_b[:stop - start]))
-    return acc.result(n)
+                    as_floats(fb[start:stop], b.dtype, work, scratch.wide_b[:stop - start]), start)
+    found = RowExtras(pearson.pcc() if pearson is not None else None, tracker.result() if tracker is not None else None)
+    return acc.result(n), found
 
 
 class _Scratch:
@@ -166,8 +186,9 @@ class _Scratch:
     """
 
     def __init__(self, work: type[np.floating[Any]]) -> None:
-        self.wide_a, self.wide_b, self.diff, self.absa, self.excess = (np.empty(CHUNK, work) for _ in range(5))
-        self.mask = np.empty(CHUNK, np.bool_)
+        self.wide_a, self.wide_b, self.signed, self.diff, self.absa, self.excess = (
+            np.empty(CHUNK, work) for _ in range(6))
+        self.mask, self.mask2 = np.empty(CHUNK, np.bool_), np.empty(CHUNK, np.bool_)
 
 
 _local = threading.local()
@@ -198,8 +219,10 @@ def _probably_equal(a: Payload, b: Payload) -> bool:
 
 
 class _Accumulator:
-    def __init__(self, atol: float, rtol: float) -> None:
+    def __init__(self, atol: float, rtol: float, pearson: PearsonSums | None = None,
+                 tracker: PositionTracker | None = None) -> None:
         self.atol, self.rtol = atol, rtol
+        self.pearson, self.tracker = pearson, tracker
         self.finite = 0
         self.max_abs = 0.0
         self.max_rel = 0.0
@@ -209,16 +232,20 @@ class _Accumulator:
         self.inf_mismatch = 0
         self.mismatched = 0
 
-    def add(self, a: np.ndarray, b: np.ndarray) -> None:
+    def add(self, a: np.ndarray, b: np.ndarray, start: int = 0) -> None:
+        """Add the chunk of elements ``start`` to ``start + len(a)``."""
         if not a.size:
             return
-        absdiff = np.subtract(a, b, out=_scratch(a.dtype.type).diff[:a.size])
-        np.abs(absdiff, out=absdiff)
+        scratch = _scratch(a.dtype.type)
+        signed = np.subtract(a, b, out=scratch.signed[:a.size])  # kept signed for pcc
+        absdiff = np.abs(signed, out=scratch.diff[:a.size])
         where = int(np.argmax(absdiff))  # the first NaN, if any: NaN sends the chunk to the float64 path
         worst = float(absdiff[where])
         if math.isfinite(worst):
-            self._add_finite(a, b, absdiff, worst, where)
+            self._add_finite(a, b, absdiff, worst, where, signed, start)
             return
+        if self.tracker is not None:  # positions of the whole chunk, non-finite elements included
+            self.tracker.add_rule(start, a, b, self.atol, self.rtol)
         a, b = a.astype(_F64, copy=False), b.astype(_F64, copy=False)
         both = np.isfinite(a) & np.isfinite(b)
         nan_a, nan_b = np.isnan(a), np.isnan(b)
@@ -229,14 +256,20 @@ class _Accumulator:
         self.mismatched += int(np.count_nonzero(~both & ~same_nonfinite))
         if bool(both.any()):
             fa, fb = a[both], b[both]
-            ad = np.abs(fa - fb)
+            sd = fa - fb
+            ad = np.abs(sd)
             where = int(np.argmax(ad))
-            self._add_finite(fa, fb, ad, float(ad[where]), where)
+            self._add_finite(fa, fb, ad, float(ad[where]), where, sd, None)
 
-    def _add_finite(self, a: np.ndarray, b: np.ndarray, absdiff: np.ndarray, worst: float, where: int) -> None:
+    def _add_finite(self, a: np.ndarray, b: np.ndarray, absdiff: np.ndarray, worst: float, where: int,
+                    signed: np.ndarray, start: int | None) -> None:
+        """Add finite elements; ``start``: where they begin in the tensor (None: a selection, positions done)."""
         self.finite += a.size
+        scratch = _scratch(a.dtype.type)
         sums = [float(np.sum(absdiff)), float(np.dot(absdiff, absdiff)), float(np.dot(a, b)), float(np.dot(a, a)),
                 float(np.dot(b, b))]
+        if self.pearson is not None:  # (the work arrays are free until the mismatch count below)
+            self.pearson.add(a, signed, sums[3], sums[1], scratch.absa, scratch.excess)
         if sums_are_safe([sums[1], sums[3], sums[4]], a.size, a.dtype):
             scaled = tuple((value, 0) for value in sums)
         else:  # a square under- or overflowed (a zero may be an underflow): redo on scaled float64 values
@@ -246,15 +279,27 @@ class _Accumulator:
         if worst == 0:
             return
         exact = a.dtype == _F64
-        scratch = _scratch(a.dtype.type)
         if not exact:  # the float32 maximum is within one rounding of the exact one; settle it in float64
             worst = _exact_max(a, b, absdiff, worst, where, scratch.mask[:a.size])
         self.max_abs = max(self.max_abs, worst)
         absa = np.abs(a, out=scratch.absa[:a.size])
         if worst > self.atol:  # otherwise every element passes
-            self.mismatched += self._count_mismatches(a, b, absa, absdiff, exact, scratch)
+            tracker = self.tracker if start is not None else None
+            failed = self._count_mismatches(a, b, absa, absdiff, exact, scratch, tracker is not None)
+            self.mismatched += failed
+            if failed and tracker is not None and start is not None:
+                if exact:  # the float64 count subtracts before comparing: the rule itself names the positions
+                    tracker.add_rule(start, a, b, self.atol, self.rtol)
+                else:
+                    tracker.add(start, scratch.mask[:a.size])
         if self.max_rel == math.inf:
             return
+        if self.max_rel > 0:  # most chunks cannot raise the maximum: one product and one comparison tell
+            # float32 rounds |a - b| and |a| by ~6e-8 each: an element whose exact ratio exceeds max_rel is above
+            # max_rel (1 - 2 _SLACK) here (a zero |a| with a difference included)
+            floor = np.multiply(absa, self.max_rel * (1 - 2 * _SLACK), out=scratch.excess[:a.size])
+            if not bool(np.greater(absdiff, floor, out=scratch.mask[:a.size]).any()):
+                return
         if float(np.min(absa)) == 0:
             zero = absa == 0
             if bool(np.any(zero & (absdiff > 0))):
@@ -270,8 +315,11 @@ class _Accumulator:
         self.max_rel = max(self.max_rel, _smallest_rtol(a[near].astype(_F64), b[near].astype(_F64)))
 
     def _count_mismatches(self, a: np.ndarray, b: np.ndarray, absa: np.ndarray, absdiff: np.ndarray,
-                          exact: bool, scratch: _Scratch) -> int:
-        """Elements failing ``|a - b| <= atol + rtol |a|``, decided in float64 arithmetic."""
+                          exact: bool, scratch: _Scratch, keep_mask: bool = False) -> int:
+        """Elements failing ``|a - b| <= atol + rtol |a|``, decided in float64 arithmetic.
+
+        ``keep_mask``: leave the failing elements marked in ``scratch.mask`` (float32 work only).
+        """
         excess = np.multiply(absa, self.rtol, out=scratch.excess[:a.size])
         np.subtract(absdiff, excess, out=excess)  # |a - b| - rtol |a|
         mask = scratch.mask[:a.size]
@@ -281,12 +329,16 @@ class _Accumulator:
         # of two float32 subnormal steps keeps the window open where atol itself rounds to a subnormal.
         margin = _SLACK * (self.atol + self.rtol * float(np.max(absa))) + _FLOAT32_TINY_STEPS
         clear_fail = int(np.count_nonzero(np.greater(excess, self.atol + margin, out=mask)))
-        close = int(np.count_nonzero(np.greater(excess, self.atol - margin, out=mask))) - clear_fail
+        near = scratch.mask2[:a.size] if keep_mask else mask
+        close = int(np.count_nonzero(np.greater(excess, self.atol - margin, out=near))) - clear_fail
         if not close:
             return clear_fail
         idx = np.flatnonzero((excess > self.atol - margin) & (excess <= self.atol + margin))
         a64, b64 = a[idx].astype(_F64), b[idx].astype(_F64)
-        return clear_fail + int(np.count_nonzero(~passes(np.abs(a64 - b64), np.abs(a64), self.atol, self.rtol)))
+        failed = ~passes(np.abs(a64 - b64), np.abs(a64), self.atol, self.rtol)
+        if keep_mask:
+            mask[idx[failed]] = True
+        return clear_fail + int(np.count_nonzero(failed))
 
     def result(self, n: int) -> PairMetrics:
         f = self.finite

@@ -11,19 +11,25 @@ import numpy as np
 from ..errors import PayloadFormatError, TracediffError
 from ..trace.load import Trace
 from ..trace.model import TensorRecord
-from ..trace.payload import Payload, payload_of
+from ..trace.payload import Payload, is_complex, payload_of
 from .benign import exact_mismatches, is_exact_dtype, prepare_pair
 from .masks import masks_payloads, may_be_mask
 from .measurement import Measurement, dtype_note, measured, unmeasured
-from .metrics import PairMetrics, compare_tensors
+from .metrics import PairMetrics, compare_tensors, measure_tensors
 from .raw_payload import identical_pair
 from .shapes import squeezable
 
 
 def compare_payloads(
-    trace_a: Trace, ra: TensorRecord, trace_b: Trace, rb: TensorRecord, *, atol: float, rtol: float
+    trace_a: Trace, ra: TensorRecord, trace_b: Trace, rb: TensorRecord, *, atol: float, rtol: float,
+    along: int | None = None,
 ) -> Measurement:
-    """The measurement of a pair whose two tensors both have payloads (read one pair at a time)."""
+    """The measurement of a pair whose two tensors both have payloads (read one pair at a time).
+
+    A floating pair of one shape, neither side complex, also gets its ``pcc`` and, with ``along`` (a
+    dimension of that shape), the positions along it out of tolerance, found in the same pass
+    (:func:`tracediff.compare.metrics.measure_tensors`).
+    """
     same = identical_pair(trace_a, ra, trace_b, rb)  # bitwise-equal files: no decoding
     if same is not None:
         return measured(same, approximate=False, note=dtype_note(ra, rb))
@@ -41,14 +47,20 @@ def compare_payloads(
     if a.shape != b.shape and not squeezable(a.shape, b.shape):
         return unmeasured("shape_mismatch", False, f"shape differs: {list(a.shape)} vs {list(b.shape)}")
     stored = [_stored_dtype_note(side, r, t) for side, r, t in (("A", ra, a), ("B", rb, b))]
-    a, b, notes = prepare_pair(a, b)
+    # the row's annotations come from this pass when the values are the payloads' own (else they are read again)
+    plain = a.shape == b.shape and not (is_complex(a.dtype) or is_complex(b.dtype))
+    recorded = (ra.stats.get("min"), ra.stats.get("max"))  # (5 digits in a standard trace: far enough)
+    a, b, notes = prepare_pair(a, b, recorded_a=recorded)
     notes = [*filter(None, stored), *notes]
-    if is_exact_dtype(a.dtype) and is_exact_dtype(b.dtype):
-        metrics = _compare_exact(a, b)
-    else:
-        metrics = compare_tensors(a, b, atol=atol, rtol=rtol)
     note = "; ".join(filter(None, [dtype_note(ra, rb), *notes]))
-    return measured(metrics, approximate=False, note=note)
+    if is_exact_dtype(a.dtype) and is_exact_dtype(b.dtype):
+        return measured(_compare_exact(a, b), approximate=False, note=note)
+    if not plain:
+        return measured(compare_tensors(a, b, atol=atol, rtol=rtol), approximate=False, note=note)
+    if along is not None and a.shape != tuple(rb.shape or ()):  # a replaced payload: positions are read again
+        along = None
+    metrics, extras = measure_tensors(a, b, atol=atol, rtol=rtol, along=along)
+    return replace(measured(metrics, approximate=False, note=note), pcc=extras.pcc, positions=extras.positions)
 
 
 def _compare_exact(a: Any, b: Any) -> PairMetrics:

@@ -23,10 +23,12 @@ _COUNT_STATS = frozenset(("nan", "posinf", "neginf"))
 
 
 def compare_records(
-    trace_a: Trace, ra: TensorRecord, trace_b: Trace, rb: TensorRecord, *, atol: float, rtol: float
+    trace_a: Trace, ra: TensorRecord, trace_b: Trace, rb: TensorRecord, *, atol: float, rtol: float,
+    along: int | None = None,
 ) -> Measurement:
     """The measurement of one tensor pair: from payloads when both have one, else from statistics (pairs
-    whose statistics are the same numbers share one, frozen)."""
+    whose statistics are the same numbers share one, frozen). ``along``: the sequence dimension whose
+    positions out of tolerance a payload pair also reports (``compare_payloads``)."""
     shape_a, shape_b = ra.shape, rb.shape
     note = ""
     if shape_a != shape_b and shape_a is not None and shape_b is not None:
@@ -36,7 +38,7 @@ def compare_records(
     if ra.has_payload and rb.has_payload:
         from .payloads import compare_payloads  # numpy is imported only when payloads are compared
 
-        return compare_payloads(trace_a, ra, trace_b, rb, atol=atol, rtol=rtol)
+        return compare_payloads(trace_a, ra, trace_b, rb, atol=atol, rtol=rtol, along=along)
     measurement = compare_stats(ra, rb, atol=atol, rtol=rtol)
     return replace(measurement, reason=f"{measurement.reason}; {note}") if note else measurement
 

@@ -28,6 +28,9 @@ from .layout import RelativeError, Transform, _load, any_instance
 
 # relative error under which an order fits the values (a bf16 port stays well under it)
 _FITS = 2e-2
+# a pair correlated this well as recorded is in the same order: rotary partners swapped leave a pcc near that
+# of two unrelated features (q_proj's, about 0), and a port's noise leaves it above 0.9999
+_CORRELATED = 0.999
 _SAMPLE = 1 << 14  # elements of the first rows every order is tried on before the whole tensor
 
 
@@ -55,17 +58,20 @@ def _family(job: Job) -> tuple[str, str, str, str]:
 
 
 def decide_orders(rows: Sequence[TensorComparison], jobs: Sequence[Job], trace_a: Trace, trace_b: Trace,
-                  values: Values, transformed: Container[tuple[int, int]] = ()) -> dict[int, Transform]:
+                  values: Values, transformed: Container[tuple[int, int]] = (),
+                  pcc: Sequence[float | None] = ()) -> dict[int, Transform]:
     """Row index -> the order to compare it under, for the rows of every family where an order was decided.
 
     ``transformed`` holds ``(id(ra), id(rb))`` of the pairs compared through a layout transform: their rows
-    do not tell how the tensors compare as recorded."""
+    do not tell how the tensors compare as recorded. ``pcc[i]``, when known, is row i's correlation as
+    recorded (from its comparison): a pair correlated that well is not read again to try other orders."""
     fitting: dict[int, Transform] = {}
     for i, (row, job) in enumerate(zip(rows, jobs)):
         _, ra, _, rb = job
         as_recorded = (id(ra), id(rb)) not in transformed
         if row.within_tolerance is False and ra.slot.startswith("outputs") and ra.shape == rb.shape \
                 and ra.shape is not None and not (as_recorded and _fits_as_recorded(row, rb) is True) \
+                and not (as_recorded and i < len(pcc) and (pcc[i] or 0.0) >= _CORRELATED) \
                 and values.similarity(ra, rb) >= 0.75:
             found = _fitting_order(trace_a, ra, trace_b, rb)
             if found is not None:

@@ -54,6 +54,9 @@ def register(sub: Any) -> None:
     p.add_argument("--steps", metavar="LIST",
                    help="with --generate: the decode steps whose tensors are written in full, e.g. 0,1,-1 (negative: "
                         "from the last); the others keep statistics only (default: every step in full)")
+    p.add_argument("--other-steps", choices=("stats", "tree"), default="stats",
+                   help="with --steps: what the steps left out keep: stats (default: each tensor's statistics) or "
+                        "tree (the call tree, shapes, dtypes and tokens only; costs least)")
     p.add_argument("--teacher-forcing", metavar="REF_TRACE",
                    help="with --generate: feed the tokens the reference trace generated, step by step, instead of "
                         "the model's own choice (its greedy choice is recorded; align reports where it differs); "
@@ -81,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
                            dtype=args.dtype, device=args.device, inputs_map=parse_inputs_map(args.inputs_map),
                            on_note=lambda note: print(f"tracediff capture: {note}"), writers=args.writers,
                            pool_mb=args.pool_mb, generate=args.generate, max_new_tokens=args.max_new_tokens,
-                           steps=args.steps, teacher_forcing=args.teacher_forcing,
+                           steps=args.steps, teacher_forcing=args.teacher_forcing, other_steps=args.other_steps,
                            ranks="all" if args.ranks == "all" else 0, **ops_kwargs(args))
     size = session.payload_bytes / 1e6
     ops = f" and {session.ops} ops" if session.ops else ""
