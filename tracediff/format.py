@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -455,12 +455,7 @@ def mesh_entry(shape: list[int], dim_names: list[str], coordinates: list[int] | 
 
 def ranks_entry(fields: Mapping[str, Any]) -> dict[str, Any]:
     """The manifest object of a multi-rank folder, keys in ``RANKS_KEYS`` order, ``format_version`` first."""
-    unknown = sorted(set(fields) - set(RANKS_KEYS))
-    if unknown:
-        raise ValueError(f"manifest keys not in the trace format: {', '.join(unknown)}")
-    entry = {FORMAT_VERSION_KEY: FORMAT_VERSION}
-    entry.update((key, fields[key]) for key in RANKS_KEYS if key in fields and key != FORMAT_VERSION_KEY)
-    return entry
+    return _ordered_entry(fields, RANKS_KEYS, "manifest")
 
 
 def rank_folder(rank: int) -> str:
@@ -540,11 +535,16 @@ def metadata_entry(fields: Mapping[str, Any]) -> dict[str, Any]:
     Raises ValueError for a key this module does not define (add it to
     ``METADATA_KEYS``, the specification and the schema first).
     """
-    unknown = sorted(set(fields) - set(METADATA_KEYS))
+    return _ordered_entry(fields, METADATA_KEYS, "metadata")
+
+
+def _ordered_entry(fields: Mapping[str, Any], keys: Sequence[str], what: str) -> dict[str, Any]:
+    """``format_version`` first, then ``fields`` in the order of ``keys``; ValueError for a key not in ``keys``."""
+    unknown = sorted(set(fields) - set(keys))
     if unknown:
-        raise ValueError(f"metadata keys not in the trace format: {', '.join(unknown)}")
+        raise ValueError(f"{what} keys not in the trace format: {', '.join(unknown)}")
     entry = {FORMAT_VERSION_KEY: FORMAT_VERSION}
-    entry.update((key, fields[key]) for key in METADATA_KEYS if key in fields and key != FORMAT_VERSION_KEY)
+    entry.update((key, fields[key]) for key in keys if key in fields and key != FORMAT_VERSION_KEY)
     return entry
 
 

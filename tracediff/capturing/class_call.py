@@ -33,6 +33,21 @@ def module_paths(named: Iterable[tuple[str, Any]], root_name: str) -> dict[int, 
     return paths
 
 
+def replace_arrays(value: Any, array_type: type, host: Callable[[Any], Any]) -> Any:
+    """``value`` with every ``array_type`` instance, nested in lists, tuples (named ones keep their type) and
+    dicts too, replaced by ``host(array)``; everything else as it is."""
+    if isinstance(value, array_type):
+        return host(value)
+    if isinstance(value, list):
+        return [replace_arrays(item, array_type, host) for item in value]
+    if isinstance(value, tuple):
+        items = [replace_arrays(item, array_type, host) for item in value]
+        return type(value)(*items) if hasattr(value, "_fields") else tuple(items)
+    if isinstance(value, dict):
+        return {key: replace_arrays(item, array_type, host) for key, item in value.items()}
+    return value
+
+
 def class_call(cls: type) -> Callable[..., Any] | None:
     """The ``__call__`` an instance of ``cls`` runs (the nearest class in the MRO defining one), or None."""
     return next((c.__dict__["__call__"] for c in cls.__mro__ if "__call__" in c.__dict__ and c is not object),

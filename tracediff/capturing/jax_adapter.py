@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from ._patch import CallObserver
-from .class_call import ClassCallPatch, module_paths
+from .class_call import ClassCallPatch, module_paths, replace_arrays
 
 FRAMEWORK = "jax"
 
@@ -54,16 +54,7 @@ class JaxHost:
 
     def convert(self, value: Any) -> Any:
         """``value`` with every concrete array (nested in lists, tuples and dicts too) replaced by its host copy."""
-        if isinstance(value, self._array):
-            return self._host(value)
-        if isinstance(value, list):
-            return [self.convert(item) for item in value]
-        if isinstance(value, tuple):
-            items = [self.convert(item) for item in value]
-            return type(value)(*items) if hasattr(value, "_fields") else tuple(items)
-        if isinstance(value, dict):
-            return {key: self.convert(item) for key, item in value.items()}
-        return value
+        return replace_arrays(value, self._array, self._host)
 
     def _host(self, array: Any) -> Any:
         key = id(array)

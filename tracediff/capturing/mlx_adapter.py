@@ -28,7 +28,7 @@ import torch
 
 from ..errors import UsageError
 from ._patch import CallObserver
-from .class_call import ClassCallPatch, module_paths
+from .class_call import ClassCallPatch, module_paths, replace_arrays
 
 FRAMEWORK = "mlx"
 
@@ -85,7 +85,7 @@ class HostArrays:
             self._mx.eval(*arrays)
         except Exception:  # noqa: BLE001 - recording must never break the user's forward
             return value
-        return self._replace(value)
+        return replace_arrays(value, self._array, self._host)
 
     def _collect(self, value: Any, found: list[Any]) -> None:
         if isinstance(value, self._array):
@@ -96,18 +96,6 @@ class HostArrays:
         elif isinstance(value, dict):
             for item in value.values():
                 self._collect(item, found)
-
-    def _replace(self, value: Any) -> Any:
-        if isinstance(value, self._array):
-            return self._host(value)
-        if isinstance(value, list):
-            return [self._replace(item) for item in value]
-        if isinstance(value, tuple):
-            items = [self._replace(item) for item in value]
-            return type(value)(*items) if hasattr(value, "_fields") else tuple(items)
-        if isinstance(value, dict):
-            return {key: self._replace(item) for key, item in value.items()}
-        return value
 
     def _host(self, array: Any) -> Any:
         key = id(array)
