@@ -393,7 +393,8 @@ def capture(
     recorder = _NativeRecorder(model, encoder, bar)
     started = _dt.datetime.now(_dt.timezone.utc)
     sharded = ranks == "all" and world > 1
-    run = _RunIdentity(started.isoformat(timespec="seconds"), None)
+    # microseconds: two runs launched side by side (two torchrun jobs in one second) must not share an identity
+    run = _RunIdentity(started.isoformat(timespec="microseconds"), None)
     if sharded:
         run = _sharded_run(model, out, run.started, rank, world, type(model).__name__)
         recorder.styles = style_layouts(model, run.mesh)
