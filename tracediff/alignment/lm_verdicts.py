@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import fnmatch
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -100,10 +100,14 @@ def _set(row: RowDraft, **fields: Any) -> None:
 
 
 def annotate_rows(rows: Sequence[RowDraft], jobs: Sequence[Job], a: Trace, b: Trace, *,
-                  logits: tuple[str, ...] = (), run: Runner | None = None) -> tuple[LogitsVerdict, ...]:
+                  logits: tuple[str, ...] = (), run: Runner | None = None,
+                  pcc_apart: Mapping[int, float] | None = None) -> tuple[LogitsVerdict, ...]:
     """Fill ``pcc``, ``position``, ``positions_beyond`` and the logits columns of ``rows`` (still being built);
     returns the logits verdicts. ``jobs[row.order]`` is the pair a row compared. ``run(fn, items)`` maps
-    ``fn`` over the rows (the alignment's worker threads: each row is read and annotated on its own)."""
+    ``fn`` over the rows (the alignment's worker threads: each row is read and annotated on its own).
+    ``pcc_apart``: the Pearson correlation of rows measured in parts where their shards live
+    (``align(..., distributed=True)``): those pairs are not read again, so they get no position and no
+    logits verdict."""
     starts = sequence_starts(b)
     roots = root_of_calls(b)
 
@@ -122,6 +126,9 @@ def annotate_rows(rows: Sequence[RowDraft], jobs: Sequence[Job], a: Trace, b: Tr
         if length == 1 and row.within_tolerance is False and not cache:  # one token read: every error is there
             _set(row, position=start, positions_beyond=1)
         if not (ra.has_payload and rb.has_payload) or ra.shape != rb.shape or row.approximate:
+            return None
+        if pcc_apart is not None and row.order in pcc_apart:
+            _set(row, pcc=pcc_apart[row.order], **({"positions_beyond": 0} if row.within_tolerance is True else {}))
             return None
         values = _read_pair(a, ra, b, rb)
         if values is None:

@@ -53,10 +53,9 @@ def prepare_pair(a: Any, b: Any) -> tuple[Payload, Payload, list[str]]:
         notes.append("complex: compared on real and imaginary parts")
         a, b = _as_real_pairs(a), _as_real_pairs(b)
     if is_floating(a.dtype) and is_floating(b.dtype) and a.shape == b.shape:
-        b, saturated = _settle_saturated(a, b)
+        b, saturated = settle_saturated(a, b)
         if saturated:
-            notes.append(f"{saturated} saturated values (at their dtype's finite extreme on both sides) "
-                         "treated as equal")
+            notes.append(saturated_note(saturated))
     return a, b, notes
 
 
@@ -81,7 +80,12 @@ def _extremes(p: Payload) -> tuple[float, float]:
     return low, high
 
 
-def _settle_saturated(a: Payload, b: Payload) -> tuple[Payload, int]:
+def saturated_note(count: int) -> str:
+    """The row's note for ``count`` saturated positions treated as equal."""
+    return f"{count} saturated values (at their dtype's finite extreme on both sides) treated as equal"
+
+
+def settle_saturated(a: Payload, b: Payload) -> tuple[Payload, int]:
     """``b`` with positions where both sides saturate alike replaced by ``a``'s value, and their count.
 
     One cheap pass over ``a``'s extremes first: most tensors hold nothing near them.

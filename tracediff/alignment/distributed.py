@@ -1,0 +1,228 @@
+"""``align(..., distributed=True)``: each rank of a torchrun launch compares the shards stored in its own rank
+folder, and rank 0 merges what they measured into the rows the one-process ``align`` builds.
+
+Every rank reads the JSON of both traces (small) and pairs them the same way; only payloads are node-local.
+For each pair whose B tensor is sharded (a slice along one dim, or a replica) rank ``r`` reads its own shard
+and the slice of A's tensor that shard covers, and measures them into a :class:`tracediff.compare.parts.PartMetrics`
+(replicas: also a digest of its copy's bytes). ``torch.distributed.gather_object`` sends those small states to
+rank 0, which merges them per tensor (:func:`tracediff.compare.parts.merge_parts`), names the first rank out
+of tolerance and the ranks whose copy of a replica differs, runs the verdict stages and broadcasts the
+finished ``Alignment`` so that every rank returns it. No payload travels between ranks.
+
+Measured on rank 0 from the rebuilt tensor instead (these read the other ranks' files, so they need storage
+rank 0 can read): partial sums and meshes of more than one dimension, integer and bool tensors, pairs compared
+through a layout transform, and pairs whose A side is itself sharded. What a merged row leaves out is listed
+in docs/distributed.md ("Compare where the data lives").
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..compare.benign import saturated_note, settle_saturated
+from ..compare.measurement import Measurement, dtype_note, measured, unmeasured
+from ..compare.parts import PartMetrics, measure_part, merge_parts
+from ..errors import PayloadFormatError, TracediffError, UsageError
+from ..sharding import ShardedTrace
+from ..trace.load import Trace
+from ..trace.payload import is_floating
+from .result import Job
+
+_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+@dataclass(frozen=True)
+class Group:
+    """This process's place in the launch: its rank and the world size."""
+
+    rank: int
+    world: int
+
+    @property
+    def is_root(self) -> bool:
+        return self.rank == 0
+
+
+@contextmanager
+def distributed_run() -> Iterator[Group]:
+    """The process group of a torchrun launch (gloo), joined for the time of one alignment.
+
+    A group the caller already started is used as it is and left open; one started here is destroyed on
+    exit. Without torchrun's environment (``RANK``, ``WORLD_SIZE``, ...) it is a ``UsageError``.
+    """
+    missing = [name for name in _ENV if name not in os.environ]
+    if missing:
+        raise UsageError(f"--distributed: {', '.join(missing)} not set: launch with torchrun --nproc-per-node N -m "
+                         "tracediff align REF SHARDED --distributed")
+    import torch.distributed as dist
+
+    created = not dist.is_initialized()
+    if created:
+        dist.init_process_group("gloo")
+    try:
+        yield Group(dist.get_rank(), dist.get_world_size())
+    finally:
+        if created:
+            dist.destroy_process_group()
+
+
+def wait_for_all() -> None:
+    """A barrier of the launch's group: every rank waits here until all have come."""
+    import torch.distributed as dist
+
+    dist.barrier()
+
+
+def shared(group: Group, build: Callable[[], Any]) -> Any:
+    """``build()`` on every rank, rank 0's outcome broadcast to all: its result returned, its error raised."""
+    import torch.distributed as dist
+
+    outcome: list[Any] = [None]
+    if group.is_root:
+        try:
+            outcome[0] = ("result", build())
+        except TracediffError as e:
+            outcome[0] = ("error", e)
+    else:
+        build()  # measures its shards, then returns before the verdict stages
+    dist.broadcast_object_list(outcome, src=0)
+    kind, value = outcome[0]
+    if kind == "error":
+        raise value
+    return value
+
+
+@dataclass(frozen=True)
+class Merged:
+    """What rank 0 merged: each row's measurement, Pearson correlation and first rank out of tolerance."""
+
+    measurements: dict[int, Measurement]
+    pcc: dict[int, float]
+    ranks: dict[int, int | None]
+
+
+# (order, the part or the reason it could not be read, a replica copy's digest)
+_Local = tuple[int, PartMetrics | str, str | None]
+
+
+def measure_where_stored(group: Group, jobs: list[Job], trace_a: Trace, trace_b: Trace,
+                         tolerance: Callable[[int], tuple[float, float]], how: dict[Any, Any]) -> Merged | None:
+    """Each rank measures its shard of every pair it can; rank 0 gets the merged rows (other ranks: None).
+
+    Collective: every rank of ``group`` must call it with the same jobs. ``tolerance(order)`` is the pair's
+    (atol, rtol); ``how`` the plan's layout transforms (pairs compared through one are left to rank 0)."""
+    import torch.distributed as dist
+
+    sharded = trace_b if isinstance(trace_b, ShardedTrace) else None
+    orders = [i for i, job in enumerate(jobs) if sharded is not None
+              and _splittable(job, trace_a, sharded, how, group.world)]
+    local: list[_Local] = []
+    failure: str | None = None
+    for order in orders:
+        assert sharded is not None
+        try:
+            local.append(_measure_mine(group.rank, jobs[order], trace_a, sharded, *tolerance(order)))
+        except PayloadFormatError as e:  # a broken trace is refused whole, on rank 0, after the gather
+            failure = str(e)
+            break
+        except TracediffError as e:
+            local.append((order, str(e), None))
+    everyone: list[Any] = [None] * group.world if group.is_root else []
+    dist.gather_object((local, failure), everyone if group.is_root else None, dst=0)
+    if not group.is_root:
+        return None
+    failed = next((f for _, f in everyone if f is not None), None)
+    if failed is not None:
+        raise PayloadFormatError(failed)
+    by_rank = [{order: (part, digest) for order, part, digest in mine} for mine, _ in everyone]
+    merged = Merged({}, {}, {})
+    for order in orders:
+        assert sharded is not None
+        _merge(order, jobs[order], by_rank, sharded, tolerance(order), merged)
+    return merged
+
+
+def _splittable(job: Job, trace_a: Trace, trace_b: ShardedTrace, how: dict[Any, Any], world: int) -> bool:
+    """A pair whose B is sliced over ranks along one dim (or replicated) and A read whole: measured in parts."""
+    _, ra, _, rb = job
+    if isinstance(trace_a, ShardedTrace):
+        return False
+    if not (ra.has_payload and rb.has_payload) or ra.shape is None or ra.shape != rb.shape:
+        return False
+    if not (ra.dtype and rb.dtype and is_floating(ra.dtype.removeprefix("torch."))
+            and is_floating(rb.dtype.removeprefix("torch."))):
+        return False
+    if how.get((id(ra), id(rb)), (None, None))[1] is not None:
+        return False
+    return len(trace_b.shard_views(rb)) == world
+
+
+def _measure_mine(rank: int, job: Job, trace_a: Trace, trace_b: ShardedTrace, atol: float, rtol: float) -> _Local:
+    """This rank's shard of ``job`` against the slice of A it covers."""
+    _, ra, _, rb = job
+    span = next(span for r, span, _ in trace_b.shard_views(rb) if r == rank)
+    whole = trace_a.load_payload(ra)
+    a = whole.with_values(whole.values[span])
+    b = trace_b.local_shard(rb, rank)
+    if a.shape != b.shape:
+        return rb.order, f"rank {rank}'s shard has shape {list(b.shape)}, its slice of A {list(a.shape)}", None
+    b, saturated = settle_saturated(a, b)
+    part = measure_part(a, b, atol=atol, rtol=rtol)
+    replica = trace_b.placed[rb.order].layout
+    digest = _digest(b.values, b.dtype) if replica is not None and replica.replicated else None
+    return rb.order, _with_saturated(part, saturated), digest
+
+
+@dataclass(frozen=True)
+class _Saturated:
+    part: PartMetrics
+    count: int
+
+
+def _with_saturated(part: PartMetrics, count: int) -> Any:
+    return _Saturated(part, count) if count else part
+
+
+def _digest(values: np.ndarray, dtype: str) -> str:
+    """The bytes of a replica's copy, hashed: two ranks' copies compared without sending either."""
+    h = hashlib.blake2b(f"{dtype}{values.shape}".encode(), digest_size=16)
+    h.update(np.ascontiguousarray(values).view(np.uint8).reshape(-1).data)
+    return h.hexdigest()
+
+
+def _merge(order: int, job: Job, by_rank: list[dict[int, tuple[Any, str | None]]], trace_b: ShardedTrace,
+           tol: tuple[float, float], merged: Merged) -> None:
+    _, ra, _, rb = job
+    ranks = [r for r, _, _ in trace_b.shard_views(rb)]  # mesh order
+    found = [by_rank[r].get(rb.order) for r in ranks]
+    if any(f is None for f in found):
+        merged.measurements[order] = unmeasured("unreadable", None, "a rank measured nothing for this tensor")
+        return
+    errors = [(r, f[0]) for r, f in zip(ranks, found) if f is not None and isinstance(f[0], str)]
+    if errors:
+        rank, reason = errors[0]
+        merged.measurements[order] = unmeasured("unreadable", None, f"rank {rank}: {reason}")
+        return
+    parts = [f[0].part if isinstance(f[0], _Saturated) else f[0] for f in found if f is not None]
+    counts = [f[0].count if isinstance(f[0], _Saturated) else 0 for f in found if f is not None]
+    layout = trace_b.placed[rb.order].layout
+    replicated = layout is not None and layout.replicated
+    if replicated:  # the row is the first copy's, as one process reads it; the others are checked alike
+        first = found[0][1] if found[0] is not None else None
+        for rank, f in zip(ranks[1:], found[1:]):
+            if f is not None and f[1] != first:
+                trace_b.note_replica_difference(rb, rank, ranks[0], "its bytes differ, compared where each lives")
+    row_parts = parts[:1] if replicated else parts
+    saturated = counts[0] if replicated else sum(counts)
+    metrics, pcc = merge_parts(row_parts, atol=tol[0], rtol=tol[1])
+    note = "; ".join(filter(None, [dtype_note(ra, rb), saturated_note(saturated) if saturated else ""]))
+    merged.measurements[order] = measured(metrics, approximate=False, note=note)
+    merged.pcc[order] = pcc
+    merged.ranks[order] = next((r for r, p in zip(ranks, parts) if p.mismatched), None)
