@@ -29,10 +29,13 @@ import numpy as np
 from ..compare.benign import saturated_note, settle_saturated
 from ..compare.measurement import Measurement, dtype_note, measured, unmeasured
 from ..compare.parts import PartMetrics, measure_part, merge_parts
+from ..compare.positions import beyond_per_position
 from ..errors import PayloadFormatError, TracediffError, UsageError
 from ..sharding import ShardedTrace
 from ..trace.load import Trace
-from ..trace.payload import is_floating
+from ..trace.payload import as_floats, is_floating
+from .decode_steps import root_of_calls, sequence_starts
+from .lm_verdicts import pair_sequence_axis
 from .result import Job
 
 _ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -101,15 +104,18 @@ def shared(group: Group, build: Callable[[], Any]) -> Any:
 
 @dataclass(frozen=True)
 class Merged:
-    """What rank 0 merged: each row's measurement, Pearson correlation and first rank out of tolerance."""
+    """What rank 0 merged, by row order: each row's measurement, its Pearson correlation with the positions along
+    its sequence dimension that hold an element out of tolerance (None: none), and its first rank out of
+    tolerance."""
 
     measurements: dict[int, Measurement]
-    pcc: dict[int, float]
+    apart: dict[int, tuple[float, np.ndarray | None]]
     ranks: dict[int, int | None]
 
 
-# (order, the part or the reason it could not be read, a replica copy's digest)
-_Local = tuple[int, PartMetrics | str, str | None]
+# (order, the part or the reason it could not be read, a replica copy's digest, where this rank's slice starts
+# along the sequence dimension and which of its positions hold an element out of tolerance)
+_Local = tuple[int, Any, str | None, tuple[int, np.ndarray] | None]
 
 
 def measure_where_stored(group: Group, jobs: list[Job], trace_a: Trace, trace_b: Trace,
@@ -125,15 +131,16 @@ def measure_where_stored(group: Group, jobs: list[Job], trace_a: Trace, trace_b:
               and _splittable(job, trace_a, sharded, how, group.world)]
     local: list[_Local] = []
     failure: str | None = None
+    axes = _axes(jobs, orders, trace_b)
     for order in orders:
         assert sharded is not None
         try:
-            local.append(_measure_mine(group.rank, jobs[order], trace_a, sharded, *tolerance(order)))
+            local.append(_measure_mine(group.rank, jobs[order], trace_a, sharded, *tolerance(order), axes.get(order)))
         except PayloadFormatError as e:  # a broken trace is refused whole, on rank 0, after the gather
             failure = str(e)
             break
         except TracediffError as e:
-            local.append((order, str(e), None))
+            local.append((order, str(e), None, None))
     everyone: list[Any] = [None] * group.world if group.is_root else []
     dist.gather_object((local, failure), everyone if group.is_root else None, dst=0)
     if not group.is_root:
@@ -141,7 +148,7 @@ def measure_where_stored(group: Group, jobs: list[Job], trace_a: Trace, trace_b:
     failed = next((f for _, f in everyone if f is not None), None)
     if failed is not None:
         raise PayloadFormatError(failed)
-    by_rank = [{order: (part, digest) for order, part, digest in mine} for mine, _ in everyone]
+    by_rank = [{order: (part, digest, beyond) for order, part, digest, beyond in mine} for mine, _ in everyone]
     merged = Merged({}, {}, {})
     for order in orders:
         assert sharded is not None
@@ -164,20 +171,36 @@ def _splittable(job: Job, trace_a: Trace, trace_b: ShardedTrace, how: dict[Any, 
     return len(trace_b.shard_views(rb)) == world
 
 
-def _measure_mine(rank: int, job: Job, trace_a: Trace, trace_b: ShardedTrace, atol: float, rtol: float) -> _Local:
+def _axes(jobs: list[Job], orders: list[int], trace_b: Trace) -> dict[int, int]:
+    """The sequence dimension of each pair that has one (positions are named along it)."""
+    if not orders:
+        return {}
+    starts, roots = sequence_starts(trace_b), root_of_calls(trace_b)
+    found = {order: pair_sequence_axis(jobs[order], starts, roots) for order in orders}
+    return {order: axis[0] for order, axis in found.items() if axis is not None}
+
+
+def _measure_mine(rank: int, job: Job, trace_a: Trace, trace_b: ShardedTrace, atol: float, rtol: float,
+                  axis: int | None) -> _Local:
     """This rank's shard of ``job`` against the slice of A it covers."""
     _, ra, _, rb = job
     span = next(span for r, span, _ in trace_b.shard_views(rb) if r == rank)
     whole = trace_a.load_payload(ra)
     a = whole.with_values(whole.values[span])
-    b = trace_b.local_shard(rb, rank)
-    if a.shape != b.shape:
-        return rb.order, f"rank {rank}'s shard has shape {list(b.shape)}, its slice of A {list(a.shape)}", None
-    b, saturated = settle_saturated(a, b)
+    raw = trace_b.local_shard(rb, rank)
+    if a.shape != raw.shape:
+        return rb.order, f"rank {rank}'s shard has shape {list(raw.shape)}, its slice of A {list(a.shape)}", None, \
+            None
+    b, saturated = settle_saturated(a, raw)
     part = measure_part(a, b, atol=atol, rtol=rtol)
     replica = trace_b.placed[rb.order].layout
     digest = _digest(b.values, b.dtype) if replica is not None and replica.replicated else None
-    return rb.order, _with_saturated(part, saturated), digest
+    beyond = None
+    if axis is not None and (part.mismatched or saturated):  # positions are read from the payloads as stored
+        beyond = (span[axis].start or 0, beyond_per_position(as_floats(a.values, a.dtype, np.float64),
+                                                            as_floats(raw.values, raw.dtype, np.float64),
+                                                            atol=atol, rtol=rtol, dim=axis))
+    return rb.order, _with_saturated(part, saturated), digest, beyond
 
 
 @dataclass(frozen=True)
@@ -197,7 +220,19 @@ def _digest(values: np.ndarray, dtype: str) -> str:
     return h.hexdigest()
 
 
-def _merge(order: int, job: Job, by_rank: list[dict[int, tuple[Any, str | None]]], trace_b: ShardedTrace,
+def _positions(shape: tuple[int, ...], slices: list[tuple[int, np.ndarray] | None]) -> np.ndarray | None:
+    """The ranks' masks of positions out of tolerance, each at its slice's start, joined (None: none sent)."""
+    sent = [s for s in slices if s is not None]
+    if not sent:
+        return None
+    length = max(start + mask.size for start, mask in sent)
+    joined = np.zeros(length, bool)
+    for start, mask in sent:
+        joined[start:start + mask.size] |= mask
+    return joined
+
+
+def _merge(order: int, job: Job, by_rank: list[dict[int, tuple[Any, str | None, Any]]], trace_b: ShardedTrace,
            tol: tuple[float, float], merged: Merged) -> None:
     _, ra, _, rb = job
     ranks = [r for r, _, _ in trace_b.shard_views(rb)]  # mesh order
@@ -211,6 +246,7 @@ def _merge(order: int, job: Job, by_rank: list[dict[int, tuple[Any, str | None]]
         merged.measurements[order] = unmeasured("unreadable", None, f"rank {rank}: {reason}")
         return
     parts = [f[0].part if isinstance(f[0], _Saturated) else f[0] for f in found if f is not None]
+    slices = [f[2] for f in found if f is not None]
     counts = [f[0].count if isinstance(f[0], _Saturated) else 0 for f in found if f is not None]
     layout = trace_b.placed[rb.order].layout
     replicated = layout is not None and layout.replicated
@@ -224,5 +260,5 @@ def _merge(order: int, job: Job, by_rank: list[dict[int, tuple[Any, str | None]]
     metrics, pcc = merge_parts(row_parts, atol=tol[0], rtol=tol[1])
     note = "; ".join(filter(None, [dtype_note(ra, rb), saturated_note(saturated) if saturated else ""]))
     merged.measurements[order] = measured(metrics, approximate=False, note=note)
-    merged.pcc[order] = pcc
+    merged.apart[order] = (pcc, _positions(rb.shape or (), slices[:1] if replicated else slices))
     merged.ranks[order] = next((r for r, p in zip(ranks, parts) if p.mismatched), None)

@@ -258,7 +258,7 @@ def _align(a: TraceLike, b: TraceLike, group: Group | None, *, atol: Tolerance, 
                  and row.order not in apart]
     with _workers(_pair_bytes(annotated)) as run:  # pcc and positions read the pairs again
         logits_verdicts = annotate_rows(drafts, jobs, trace_a, trace_b, logits=logits_patterns, run=run,
-                                        pcc_apart=merged.pcc if merged is not None else None)
+                                        measured_apart=merged.apart if merged is not None else None)
     rows = freeze_rows(drafts)  # decided: from here on every row is a frozen TensorComparison
     del drafts
     # sharded traces: whose shard first goes out of tolerance

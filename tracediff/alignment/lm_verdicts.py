@@ -29,7 +29,7 @@ import numpy as np
 
 from .. import format as fmt
 from ..compare.logits import DEFAULT_TOP_K, logits_metrics, pearson
-from ..compare.positions import position_error_ratios, positions_beyond_tolerance, sequence_dim
+from ..compare.positions import position_error_ratios, positions_beyond_tolerance, positions_of, sequence_dim
 from ..errors import TracediffError, UsageError
 from ..trace.load import Trace
 from ..trace.payload import as_floats, is_complex
@@ -62,6 +62,16 @@ def position_strip(row: TensorComparison, job: Job, a: Trace, b: Trace) -> Posit
     dim, first = axis
     ratios = position_error_ratios(values[0], values[1], atol=row.atol, rtol=row.rtol, dim=dim)
     return PositionStrip(row.order, first, tuple(float(r) for r in ratios))
+
+
+def pair_sequence_axis(job: Job, starts: Mapping[int, tuple[int, int | None]],
+                       roots: Mapping[tuple[str, int], int]) -> tuple[int, int] | None:
+    """The sequence dimension of ``job``'s tensor and the position of its index 0, as ``annotate_rows`` finds
+    them (``starts``, ``roots``: ``sequence_starts(b)`` and ``root_of_calls(b)``, computed once)."""
+    _, _, nb, rb = job
+    index = roots.get((nb.module_path, nb.call_index))
+    start, length = starts.get(index, (0, None)) if index is not None else (0, None)
+    return _sequence_axis(rb.slot, rb.shape or (), start, length)
 
 
 def _sequence_axis(slot: str, shape: tuple[int, ...], start: int, length: int | None) -> tuple[int, int] | None:
@@ -101,13 +111,14 @@ def _set(row: RowDraft, **fields: Any) -> None:
 
 def annotate_rows(rows: Sequence[RowDraft], jobs: Sequence[Job], a: Trace, b: Trace, *,
                   logits: tuple[str, ...] = (), run: Runner | None = None,
-                  pcc_apart: Mapping[int, float] | None = None) -> tuple[LogitsVerdict, ...]:
+                  measured_apart: Mapping[int, tuple[float, np.ndarray | None]] | None = None
+                  ) -> tuple[LogitsVerdict, ...]:
     """Fill ``pcc``, ``position``, ``positions_beyond`` and the logits columns of ``rows`` (still being built);
     returns the logits verdicts. ``jobs[row.order]`` is the pair a row compared. ``run(fn, items)`` maps
     ``fn`` over the rows (the alignment's worker threads: each row is read and annotated on its own).
-    ``pcc_apart``: the Pearson correlation of rows measured in parts where their shards live
-    (``align(..., distributed=True)``): those pairs are not read again, so they get no position and no
-    logits verdict."""
+    ``measured_apart``: for rows measured in parts where their shards live (``align(..., distributed=True)``),
+    by row order, the Pearson correlation and the positions along the sequence dimension holding an element
+    out of tolerance (None: none); those pairs are not read again, so they get no logits verdict."""
     starts = sequence_starts(b)
     roots = root_of_calls(b)
 
@@ -127,8 +138,16 @@ def annotate_rows(rows: Sequence[RowDraft], jobs: Sequence[Job], a: Trace, b: Tr
             _set(row, position=start, positions_beyond=1)
         if not (ra.has_payload and rb.has_payload) or ra.shape != rb.shape or row.approximate:
             return None
-        if pcc_apart is not None and row.order in pcc_apart:
-            _set(row, pcc=pcc_apart[row.order], **({"positions_beyond": 0} if row.within_tolerance is True else {}))
+        if measured_apart is not None and row.order in measured_apart:
+            pcc, beyond = measured_apart[row.order]
+            _set(row, pcc=pcc)
+            axis = _sequence_axis(rb.slot, rb.shape or (), start, length) if row.within_tolerance is False else None
+            if axis is not None:
+                dim, first = axis
+                found = positions_of(beyond if beyond is not None else np.zeros(0, bool), dim)
+                _set(row, position=None if found.first is None else first + found.first, positions_beyond=found.count)
+            elif row.within_tolerance is True:
+                _set(row, positions_beyond=0)
             return None
         values = _read_pair(a, ra, b, rb)
         if values is None:
