@@ -127,6 +127,10 @@ def measure_where_stored(group: Group, jobs: list[Job], trace_a: Trace, trace_b:
     import torch.distributed as dist
 
     sharded = trace_b if isinstance(trace_b, ShardedTrace) else None
+    if sharded is None or sharded.world_size != group.world:  # every rank finds it: none waits in a collective
+        held = f"holds {sharded.world_size} rank folders" if sharded is not None else "is not a multi-rank folder"
+        raise UsageError(f"{trace_b.directory}: --distributed runs one process per rank folder of B, and B {held} "
+                         f"for {group.world} processes: launch torchrun --nproc-per-node with B's rank count")
     orders = [i for i, job in enumerate(jobs) if sharded is not None
               and _splittable(job, trace_a, sharded, how, group.world)]
     local: list[_Local] = []
