@@ -29,14 +29,15 @@ import numpy as np
 from ..compare.benign import saturated_note, settle_saturated
 from ..compare.measurement import Measurement, dtype_note, measured, unmeasured
 from ..compare.parts import PartMetrics, measure_part, merge_parts
-from ..compare.positions import beyond_per_position
+from ..compare.positions import beyond_per_position, position_error_ratios
 from ..errors import PayloadFormatError, TracediffError, UsageError
 from ..sharding import ShardedTrace
 from ..trace.load import Trace
 from ..trace.payload import as_floats, is_floating
 from .decode_steps import root_of_calls, sequence_starts
+from .lm_results import PositionStrip
 from .lm_verdicts import pair_sequence_axis
-from .result import Job
+from .result import Job, TensorComparison
 
 _ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
@@ -104,13 +105,15 @@ def shared(group: Group, build: Callable[[], Any]) -> Any:
 
 @dataclass(frozen=True)
 class Merged:
-    """What rank 0 merged, by row order: each row's measurement, its Pearson correlation with the positions along
-    its sequence dimension that hold an element out of tolerance (None: none), and its first rank out of
-    tolerance."""
+    """What rank 0 merged, by row order: each row's measurement; for a tensor sliced over ranks (never read whole),
+    its Pearson correlation and the positions along its sequence dimension that hold an element out of
+    tolerance (None: none); the first rank out of tolerance; and the position strip of the first sliced row out
+    of tolerance."""
 
     measurements: dict[int, Measurement]
     apart: dict[int, tuple[float, np.ndarray | None]]
     ranks: dict[int, int | None]
+    strips: dict[int, np.ndarray]  # the first sliced row out of tolerance: each position's largest error ratio
 
 
 # (order, the part or the reason it could not be read, a replica copy's digest, where this rank's slice starts
@@ -147,17 +150,65 @@ def measure_where_stored(group: Group, jobs: list[Job], trace_a: Trace, trace_b:
             local.append((order, str(e), None, None))
     everyone: list[Any] = [None] * group.world if group.is_root else []
     dist.gather_object((local, failure), everyone if group.is_root else None, dst=0)
-    if not group.is_root:
-        return None
-    failed = next((f for _, f in everyone if f is not None), None)
+    merged, failed, candidate = None, None, None
+    if group.is_root:
+        failed = next((f for _, f in everyone if f is not None), None)
+        if failed is None:
+            by_rank = [{order: (part, digest, beyond) for order, part, digest, beyond in mine} for mine, _ in everyone]
+            merged = Merged({}, {}, {}, {})
+            for order in orders:
+                assert sharded is not None
+                _merge(order, jobs[order], by_rank, sharded, tolerance(order), merged)
+            candidate = next((order for order in orders if order in merged.apart and order in axes
+                              and merged.measurements[order].within_tolerance is False), None)
+    # the first sliced row out of tolerance, if it has a sequence dim: every rank sends its position ratios, for
+    # the position strip of the first divergence (one tensor's slice read again per rank)
+    box = [candidate]
+    dist.broadcast_object_list(box, src=0)
+    candidate = box[0]
+    if candidate is not None:
+        assert sharded is not None
+        ratios = _ratios_mine(group.rank, jobs[candidate], trace_a, sharded, *tolerance(candidate), axes[candidate])
+        every_ratio: list[Any] = [None] * group.world if group.is_root else []
+        dist.gather_object(ratios, every_ratio if group.is_root else None, dst=0)
+        if merged is not None and all(r is not None for r in every_ratio):
+            merged.strips[candidate] = _joined_ratios(every_ratio)
     if failed is not None:
         raise PayloadFormatError(failed)
-    by_rank = [{order: (part, digest, beyond) for order, part, digest, beyond in mine} for mine, _ in everyone]
-    merged = Merged({}, {}, {})
-    for order in orders:
-        assert sharded is not None
-        _merge(order, jobs[order], by_rank, sharded, tolerance(order), merged)
     return merged
+
+
+def strip_of(merged: Merged, first: TensorComparison, job: Job, trace_b: Trace) -> PositionStrip | None:
+    """The position strip of ``first``, a row sliced over ranks, from the ratios its ranks sent (None: none)."""
+    ratios = merged.strips.get(first.order)
+    axis = pair_sequence_axis(job, sequence_starts(trace_b), root_of_calls(trace_b))
+    if ratios is None or axis is None:
+        return None
+    return PositionStrip(first.order, axis[1], tuple(float(r) for r in ratios))
+
+
+def _ratios_mine(rank: int, job: Job, trace_a: Trace, trace_b: ShardedTrace, atol: float, rtol: float,
+                 axis: int) -> tuple[int, np.ndarray] | None:
+    """Where this rank's slice starts along ``axis``, and the largest error ratio at each of its positions."""
+    _, ra, _, rb = job
+    try:
+        span = next(span for r, span, _ in trace_b.shard_views(rb) if r == rank)
+        whole, raw = trace_a.load_payload(ra), trace_b.local_shard(rb, rank)
+    except TracediffError:
+        return None
+    a = as_floats(whole.values[span], whole.dtype, np.float64)
+    b = as_floats(raw.values, raw.dtype, np.float64)
+    if a.shape != b.shape:
+        return None
+    return span[axis].start or 0, position_error_ratios(a, b, atol=atol, rtol=rtol, dim=axis)
+
+
+def _joined_ratios(sent: list[tuple[int, np.ndarray]]) -> np.ndarray:
+    """Each position's largest ratio over the ranks' slices, each at its start."""
+    joined = np.zeros(max(start + ratios.size for start, ratios in sent))
+    for start, ratios in sent:
+        np.maximum(joined[start:start + ratios.size], ratios, out=joined[start:start + ratios.size])
+    return joined
 
 
 def _splittable(job: Job, trace_a: Trace, trace_b: ShardedTrace, how: dict[Any, Any], world: int) -> bool:
@@ -264,5 +315,8 @@ def _merge(order: int, job: Job, by_rank: list[dict[int, tuple[Any, str | None, 
     metrics, pcc = merge_parts(row_parts, atol=tol[0], rtol=tol[1])
     note = "; ".join(filter(None, [dtype_note(ra, rb), saturated_note(saturated) if saturated else ""]))
     merged.measurements[order] = measured(metrics, approximate=False, note=note)
-    merged.apart[order] = (pcc, _positions(rb.shape or (), slices[:1] if replicated else slices))
+    if replicated:  # rank 0's own copy is the whole tensor: the later stages read it, and A, as one process does
+        trace_b.mark_replica_checked(rb)
+    else:
+        merged.apart[order] = (pcc, _positions(rb.shape or (), slices))
     merged.ranks[order] = next((r for r, p in zip(ranks, parts) if p.mismatched), None)

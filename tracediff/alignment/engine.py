@@ -49,7 +49,7 @@ from ..sharding import ShardedTrace, ShardRules, is_multi_rank, load_sharded, re
 from ..trace.load import Trace, load_trace
 from ..trace.model import Node, TensorRecord
 from .decode_steps import restrict_steps, set_steps, step_count, summarize_steps
-from .distributed import Group, distributed_run, measure_where_stored, shared
+from .distributed import Group, distributed_run, measure_where_stored, shared, strip_of
 from .lm_verdicts import annotate_rows, check_logits_patterns, position_strip
 from .ops import annotate_op_rows, pair_ops
 from .pairing.permuted import decide_orders
@@ -218,6 +218,7 @@ def _align(a: TraceLike, b: TraceLike, group: Group | None, *, atol: Tolerance, 
         if merged is None:
             return None
     apart = merged.measurements if merged is not None else {}
+    sliced = merged.apart if merged is not None else {}  # rows whose pair is never read whole on rank 0
 
     tick = _progress(progress and (group is None or group.is_root), jobs)
 
@@ -255,10 +256,10 @@ def _align(a: TraceLike, b: TraceLike, group: Group | None, *, atol: Tolerance, 
                          ignore=ignore_rules, run=run)
     set_steps(drafts, trace_b)
     annotated = [jobs[row.order] for row in drafts if row.order < len(jobs) and row.status != "identical"
-                 and row.order not in apart]
+                 and row.order not in sliced]
     with _workers(_pair_bytes(annotated)) as run:  # pcc and positions read the pairs again
         logits_verdicts = annotate_rows(drafts, jobs, trace_a, trace_b, logits=logits_patterns, run=run,
-                                        measured_apart=merged.apart if merged is not None else None)
+                                        measured_apart=sliced)
     rows = freeze_rows(drafts)  # decided: from here on every row is a frozen TensorComparison
     del drafts
     # sharded traces: whose shard first goes out of tolerance
@@ -279,8 +280,8 @@ def _align(a: TraceLike, b: TraceLike, group: Group | None, *, atol: Tolerance, 
     marked = mark_unrecorded_origin(kept, matching.gaps_a, matching.gaps_b)  # after the origins above
     steps = summarize_steps(marked, trace_a, trace_b, selected=step, note=step_note, counts=step_counts)
     first = next((row for row in marked if row.within_tolerance is False), None)
-    strip = position_strip(first, jobs[first.order], trace_a, trace_b) \
-        if first is not None and first.order not in apart else None  # (measured apart: not read again)
+    strip = None if first is None else position_strip(first, jobs[first.order], trace_a, trace_b) \
+        if first.order not in sliced or merged is None else strip_of(merged, first, jobs[first.order], trace_b)
     return Alignment(
         trace_a=str(trace_a.directory), trace_b=str(trace_b.directory),
         model_a=trace_a.model_name, model_b=trace_b.model_name,

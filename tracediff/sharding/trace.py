@@ -96,6 +96,12 @@ class ShardedTrace(Trace):
         self._add(ShardFinding(kind, placed.node.module_path, placed.node.call_index, record.slot, rank,
                                f"{what} differs on rank {rank} from rank {reference_rank} ({seen})"), record.order)
 
+    def mark_replica_checked(self, record: TensorRecord) -> None:
+        """Read the replicated ``record`` from rank 0 alone from now on: its copies were compared elsewhere
+        (``align(..., distributed=True)`` compares their digests)."""
+        with self._lock:
+            self._checked.add(record.order)
+
     def local_shard(self, record: TensorRecord, rank: int) -> Payload:
         """Rank ``rank``'s own shard (or copy) of the global tensor ``record``, read from its rank folder alone."""
         placed = self.placed.get(record.order)
