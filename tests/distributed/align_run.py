@@ -1,6 +1,6 @@
 """Several ``tracediff align --distributed`` runs in one torchrun launch (start-up paid once).
 
-    torchrun --nproc-per-node 2 tests/distributed/align_run.py OUT REF RULES NAME=FOLDER ...
+    torchrun --nproc-per-node 2 tests/distributed/align_run.py OUT REF RULES NAME=FOLDER ...   # RULES "-": none
 
 The process group is started here, so ``align`` joins it and leaves it open between runs. Each rank runs the
 command line in-process for each NAME and writes its exit code to ``OUT/NAME.rank{r}.code``; rank 0 also
@@ -23,8 +23,9 @@ def main(argv: list[str]) -> None:
     rank = dist.get_rank()
     for case in argv[3:]:
         name, folder = case.split("=", 1)
-        code = tracediff_main(["align", ref, folder, "--shards", rules, "--distributed", "--format", "json",
-                               "-o", str(out / f"{name}.json")])
+        shards = ["--shards", rules] if rules != "-" else []
+        code = tracediff_main(["align", ref, folder, *shards, "--distributed", "--format", "json", "-o",
+                               str(out / f"{name}.json")])
         (out / f"{name}.rank{rank}.code").write_text(str(code))
     dist.destroy_process_group()
 

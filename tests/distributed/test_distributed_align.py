@@ -11,7 +11,6 @@ finding says "its bytes differ" instead of how far. Positions and the position s
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
 import subprocess
@@ -24,6 +23,7 @@ import pytest
 
 import tracediff
 from tests.alignment.helpers import run_cli
+from tests.distributed.same_report import assert_same_report
 from tracediff.compare.metrics import compare_tensors
 from tracediff.compare.parts import measure_part, merge_parts
 from tracediff.errors import UsageError
@@ -38,8 +38,6 @@ sys.path.insert(0, str(HERE))
 import plain_tp  # noqa: E402
 
 MISTAKES = ("none", "embedding_no_mask", "no_allreduce", "sp_no_gather")
-_ROUNDED = {"mean_abs_err", "rms_err", "cosine"}
-_NOT_READ_AGAIN: set[str] = set()
 
 
 def _torchrun(*args: str) -> subprocess.CompletedProcess[str]:
@@ -88,33 +86,11 @@ def _one_process(runs: Path, name: str, capsys: Any) -> tuple[int, dict[str, Any
     return code, json.loads(out)
 
 
-def _assert_same(one: Any, apart: Any, where: str = "") -> None:
-    if isinstance(one, dict):
-        assert one.keys() == apart.keys(), where
-        for key in one:
-            if key in _NOT_READ_AGAIN:
-                continue
-            if key == "detail" and "differs on rank" in str(one[key]):  # how far: known only where both copies are
-                assert one[key].split(" (")[0] == apart[key].split(" (")[0], where
-                continue
-            _assert_same(one[key], apart[key], f"{where}.{key}")
-    elif isinstance(one, list):
-        assert len(one) == len(apart), where
-        for i, (x, y) in enumerate(zip(one, apart)):
-            _assert_same(x, y, f"{where}[{i}]")
-    elif isinstance(one, float) and where.rsplit(".", 1)[-1] in _ROUNDED:
-        assert apart == pytest.approx(one, rel=1e-5, abs=1e-12), where
-    elif isinstance(one, float) and where.endswith(".pcc"):
-        assert apart == pytest.approx(one, rel=1e-12, abs=1e-12) or (math.isnan(one) and math.isnan(apart)), where
-    else:
-        assert one == apart, where
-
-
 @pytest.mark.parametrize("name", [*MISTAKES, *CHANGED])
 def test_the_distributed_report_is_the_one_process_report(runs: Path, name: str, capsys: Any) -> None:
     code, one = _one_process(runs, name, capsys)
     apart = json.loads((runs / "out" / f"{name}.json").read_text())
-    _assert_same(one, apart)
+    assert_same_report(one, apart)
     assert [(runs / "out" / f"{name}.rank{r}.code").read_text() for r in (0, 1)] == [str(code)] * 2
     if name == "none":
         assert code == 0 and one["passed"]
