@@ -89,17 +89,24 @@ def shared(group: Group, build: Callable[[], Any]) -> Any:
     import torch.distributed as dist
 
     outcome: list[Any] = [None]
+    failure: Exception | None = None
     if group.is_root:
         try:
             outcome[0] = ("result", build())
         except TracediffError as e:
             outcome[0] = ("error", e)
+        except Exception as e:  # an internal error: the other ranks must not wait for a result forever
+            outcome[0], failure = ("internal", f"{type(e).__name__}: {e}"), e
     else:
         build()  # measures its shards, then returns before the verdict stages
     dist.broadcast_object_list(outcome, src=0)
     kind, value = outcome[0]
+    if failure is not None:
+        raise failure
     if kind == "error":
         raise value
+    if kind == "internal":
+        raise RuntimeError(f"rank 0 failed: {value}")
     return value
 
 
