@@ -1,6 +1,7 @@
 """Align a sharded run against its one-process reference: time, GB/s and peak RSS.
 
     python bench/bench_sharded.py --ranks 4 --layers 4 --hidden 512 --ffn 2048 --seq 256 --repeats 3
+    python bench/bench_sharded.py --ranks 4 --distributed   # adds the row of align --distributed
 
 A stack of MLP blocks (``up`` column-parallel, ``down`` row-parallel, torch's ``parallelize_module``, so the
 layouts come from DTensors: zero options) is captured once in one process and once under
@@ -13,9 +14,12 @@ process per repeat:
 * ``ref-vs-sharded``: the reference against the multi-rank folder (every global tensor rebuilt from its
   shards, replicas checked across ranks).
 
+* ``--distributed``: also ``distributed``: the same pair aligned with ``align(..., distributed=True)`` under
+  ``torchrun --nproc-per-node RANKS`` (each rank measures the shards of its own rank folder, rank 0 merges);
+  the time is rank 0's, from a barrier before ``align`` to its return (the launch and imports are left out).
+
 GB/s counts the payload bytes of both sides (every rank's files for the sharded side) over the median time;
-peak RSS is the aligning process's ``ru_maxrss``. ``--distributed`` align (each rank comparing its own folder
-under torchrun) is not built yet: there is no such row.
+peak RSS is the aligning process's ``ru_maxrss`` (``--distributed``: the largest of the ranks').
 """
 
 from __future__ import annotations
@@ -87,10 +91,33 @@ print(json.dumps({"seconds": took, "passed": result.passed, "rows": len(result.r
 """
 
 
-def _align_once(a: Path, b: Path) -> dict[str, float]:
+_ALIGN_DISTRIBUTED = """
+import json, resource, sys, time
+import torch.distributed as dist
+import tracediff
+dist.init_process_group("gloo")
+dist.barrier()
+start = time.perf_counter()
+result = tracediff.align(sys.argv[1], sys.argv[2], distributed=True)
+took = time.perf_counter() - start
+rss = [None] * dist.get_world_size()
+dist.all_gather_object(rss, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+if dist.get_rank() == 0:
+    print(json.dumps({"seconds": took, "passed": result.passed, "rows": len(result.rows), "rss_mb": max(rss)}))
+dist.destroy_process_group()
+"""
+
+
+def _align_once(a: Path, b: Path, ranks: int = 0) -> dict[str, float]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    done = subprocess.run([sys.executable, "-c", _ALIGN, str(a), str(b)], env=env, capture_output=True, text=True,
-                          check=True)
+    if ranks:
+        script = a.parent / "align_distributed.py"
+        script.write_text(_ALIGN_DISTRIBUTED)
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks),
+                   str(script), str(a), str(b)]
+    else:
+        command = [sys.executable, "-c", _ALIGN, str(a), str(b)]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -103,6 +130,8 @@ def main() -> None:
     parser.add_argument("--seq", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--out", type=Path, default=None, help="where the traces go (default: a temporary folder)")
+    parser.add_argument("--distributed", action="store_true",
+                        help="also align the sharded pair with align(..., distributed=True) under torchrun")
     args = parser.parse_args()
     if "RANK" in os.environ:
         capture_rank(args)
@@ -120,14 +149,16 @@ def main() -> None:
         model(_input(args))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-                    str(args.ranks), __file__, *sys.argv[1:], "--out", str(args.out)], env=env, check=True,
-                   capture_output=True)
+                    str(args.ranks), __file__, *[a for a in sys.argv[1:] if a != "--distributed"], "--out",
+                    str(args.out)], env=env, check=True, capture_output=True)
     ref, sharded = args.out / "ref", args.out / "sharded"
     cases = {"ref-vs-ref": (ref, ref), "ref-vs-noisy": (ref, args.out / "noisy"), "ref-vs-sharded": (ref, sharded)}
+    if args.distributed:
+        cases["distributed"] = (ref, sharded)
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in cases}
     for _ in range(args.repeats):  # side by side: one run of each case per round
         for name, (a, b) in cases.items():
-            runs[name].append(_align_once(a, b))
+            runs[name].append(_align_once(a, b, args.ranks if name == "distributed" else 0))
     print(f"{args.ranks} ranks, {args.layers} blocks, hidden {args.hidden}, ffn {args.ffn}, seq {args.seq}; "
           f"payloads: reference {_payload_bytes(ref) / 1e6:.1f} MB, sharded {_payload_bytes(sharded) / 1e6:.1f} MB "
           f"over {args.ranks} rank folders; {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}")

@@ -125,6 +125,25 @@ def test_a_sharded_capture_of_statistics_only_is_compared_on_the_slices_combined
     assert partial.status == "no_data"  # a partial sum's statistics are not those of its parts
 
 
+@pytest.mark.parametrize("name", ["hf_none", "hf_swapped_shards", "torch_shard_differs"])
+def test_align_distributed_gives_the_one_process_report_with_recorded_layouts(runs: Path, name: str,
+                                                                               capsys: Any) -> None:
+    """Layouts from transformers' styles and from DTensors (the plain engine's declared ones: see
+    test_distributed_align.py); the logits are replicated, so their verdicts are computed on rank 0 too."""
+    from tests.distributed.same_report import assert_same_report
+
+    out = runs / "distributed"
+    if not out.exists():  # one launch for every case
+        out.mkdir()
+        cases = [f"{case}={runs / case}" for case in ("hf_none", "hf_swapped_shards", "torch_shard_differs")]
+        _torchrun("align_run.py", str(out), str(runs / "ref"), "-", *cases)
+    code, one, err = run_cli(["align", str(runs / "ref"), str(runs / name), "--format", "json"], capsys)
+    assert code in (0, 1), err
+    assert_same_report(json.loads(one), json.loads((out / f"{name}.json").read_text()))
+    assert [(out / f"{name}.rank{r}.code").read_text() for r in (0, 1)] == [str(code)] * 2
+    assert json.loads(one)["logits"]  # the logits verdicts were compared, not left out
+
+
 def test_two_sharded_runs_align_with_each_other(runs: Path) -> None:
     result = tracediff.align(runs / "hf_none", runs / "torch_none")
     assert result.passed and _compared(result) >= 70

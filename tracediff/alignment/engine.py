@@ -50,6 +50,7 @@ from ..sharding import ShardedTrace, ShardRules, is_multi_rank, load_sharded, re
 from ..trace.load import Trace, load_trace
 from ..trace.model import Node, TensorRecord
 from .decode_steps import restrict_steps, set_steps, step_count, summarize_steps
+from .distributed import Group, distributed_run, measure_where_stored, shared, strip_of
 from .lm_verdicts import annotate_rows, check_logits_patterns, position_strip, reread_jobs, sequence_axes
 from .ops import annotate_op_rows, pair_ops
 from .pairing.permuted import decide_orders
@@ -114,6 +115,7 @@ def align(
     step: int | None = None,
     logits: str | Sequence[str] | None = None,
     shards: str | Path | ShardRules | None = None,
+    distributed: bool = False,
 ) -> Alignment:
     """Compare trace ``b`` against the reference trace ``a``.
 
@@ -163,10 +165,33 @@ def align(
             ``--shards`` rules file, or its parsed ``ShardRules`` (see :mod:`tracediff.sharding.rules`). A
             multi-rank folder (``rank{r}/`` and ``tracediff_ranks.json``) is read as one global trace either
             way (:mod:`tracediff.sharding`). Default: none.
+        distributed: under ``torchrun --nproc-per-node N`` (B a multi-rank folder of N ranks): each rank
+            measures the shards of its own rank folder against the slice of ``a`` they cover, and rank 0
+            merges the measurements into the rows the one-process alignment builds; every rank returns the
+            same ``Alignment`` (see :mod:`tracediff.alignment.distributed`). Without torchrun's environment a
+            ``UsageError``. Default False.
 
     Returns:
         An ``Alignment``: truthy when every compared tensor is within tolerance.
     """
+    options: dict[str, Any] = dict(atol=atol, rtol=rtol, map=map, progress=progress, baseline=baseline,
+                                   noise_factor=noise_factor, ignore=ignore, match=match,
+                                   allow_incomplete=allow_incomplete, rename=rename, step=step, logits=logits,
+                                   shards=shards)
+    if not distributed:
+        result = _align(a, b, None, **options)
+        assert result is not None
+        return result
+    with distributed_run() as group:
+        shared_result: Alignment = shared(group, lambda: _align(a, b, group, **options))
+        return shared_result
+
+
+def _align(a: TraceLike, b: TraceLike, group: Group | None, *, atol: Tolerance, rtol: Tolerance, map: MapSpec,
+           progress: bool, baseline: TraceLike | None, noise_factor: float, ignore: Iterable[str] | str | None,
+           match: str, allow_incomplete: bool, rename: MapSpec, step: int | None,
+           logits: str | Sequence[str] | None, shards: str | Path | ShardRules | None) -> Alignment | None:
+    """``align``; with ``group``, this rank's part of a distributed alignment (None on ranks other than 0)."""
     if not (isinstance(noise_factor, (int, float)) and noise_factor >= 1):
         raise UsageError(f"noise_factor={noise_factor!r}: expected a number >= 1")
     ignore_rules = check_ignore(ignore)
@@ -188,8 +213,17 @@ def align(
     unmatched_a += op_pairing.unmatched_a
     unmatched_b += op_pairing.unmatched_b
     jobs.sort(key=lambda job: job[3].order)
+    merged = None
+    if group is not None:  # each rank measures its own shards; rank 0 goes on with the merged rows
+        merged = measure_where_stored(group, jobs, trace_a, trace_b, lambda i: policy.resolve(
+            (jobs[i][0].relative_path, jobs[i][2].relative_path), jobs[i][1].dtype, jobs[i][3].dtype), plan.how)
+        if merged is None:
+            return None
+    apart = merged.measurements if merged is not None else {}
+    sliced = merged.apart if merged is not None else {}  # rows whose pair is never read whole on rank 0
+    sliced_b = {jobs[order][3].order for order in sliced}
 
-    tick = _progress(progress, jobs)
+    tick = _progress(progress and (group is None or group.is_root), jobs)
     axis_of = sequence_axes(trace_b)
     # what the comparison of row i found for its annotations (pcc, positions): read once, in the same pass
     measurements: list[Measurement | None] = [None] * len(jobs)
@@ -198,7 +232,7 @@ def align(
         na, ra, nb, rb = jobs[order]
         atol, rtol = policy.resolve((na.relative_path, nb.relative_path), ra.dtype, rb.dtype)
         # a pair related by a layout transform is compared through it (plan.how is empty for most traces)
-        measurement = plan.how and plan.compare(trace_a, ra, trace_b, rb, atol=atol, rtol=rtol) \
+        measurement = apart.get(order) or plan.how and plan.compare(trace_a, ra, trace_b, rb, atol=atol, rtol=rtol) \
             or compare_records(trace_a, ra, trace_b, rb, atol=atol, rtol=rtol, along=axis_of(nb, rb))
         measurements[order] = measurement
         tick(rb)
@@ -229,13 +263,14 @@ def align(
         verdicts = judge(drafts, jobs, trace_a, baseline=trace_n, noise_factor=float(noise_factor),
                          ignore=ignore_rules, run=run)
     set_steps(drafts, trace_b)
-    again = reread_jobs(drafts, jobs, measurements, logits_patterns)
+    again = [job for job in reread_jobs(drafts, jobs, measurements, logits_patterns) if job[3].order not in sliced_b]
     with _workers(_pair_bytes(again)) as run:  # only what the comparison could not annotate is read again
         logits_verdicts = annotate_rows(drafts, jobs, trace_a, trace_b, logits=logits_patterns, run=run,
-                                        measurements=measurements)
+                                        measurements=measurements, measured_apart=sliced)
     rows = freeze_rows(drafts)  # decided: from here on every row is a frozen TensorComparison
     del drafts
-    name_ranks(rows, jobs, trace_a, trace_b)  # sharded traces: whose shard first goes out of tolerance
+    # sharded traces: whose shard first goes out of tolerance
+    name_ranks(rows, jobs, trace_a, trace_b, merged.ranks if merged is not None else None)
 
     warnings = policy.unused_pattern_warnings(n.relative_path for nodes in (matching.nodes_b, matching.nodes_a)
                                               for n in nodes)
@@ -252,7 +287,8 @@ def align(
     marked = mark_unrecorded_origin(kept, matching.gaps_a, matching.gaps_b)  # after the origins above
     steps = summarize_steps(marked, trace_a, trace_b, selected=step, note=step_note, counts=step_counts)
     first = next((row for row in marked if row.within_tolerance is False), None)
-    strip = position_strip(first, jobs[first.order], trace_a, trace_b) if first is not None else None
+    strip = None if first is None else position_strip(first, jobs[first.order], trace_a, trace_b) \
+        if first.order not in sliced or merged is None else strip_of(merged, first, jobs[first.order], trace_b)
     unpaired_b = [n for n in matching.unmatched_b if id(n) not in matching.idle]
     source = likely_source(first, jobs, unpaired_b) if first is not None else None
     return Alignment(

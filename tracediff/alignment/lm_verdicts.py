@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import fnmatch
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -31,7 +31,13 @@ import numpy as np
 from .. import format as fmt
 from ..compare.logits import DEFAULT_TOP_K, logits_metrics, pearson
 from ..compare.measurement import Measurement
-from ..compare.positions import PositionErrors, position_error_ratios, positions_beyond_tolerance, sequence_dim
+from ..compare.positions import (
+    PositionErrors,
+    position_error_ratios,
+    positions_beyond_tolerance,
+    positions_of,
+    sequence_dim,
+)
 from ..errors import TracediffError, UsageError
 from ..trace.load import Trace
 from ..trace.model import Node, TensorRecord
@@ -65,6 +71,16 @@ def position_strip(row: TensorComparison, job: Job, a: Trace, b: Trace) -> Posit
     dim, first = axis
     ratios = position_error_ratios(values[0], values[1], atol=row.atol, rtol=row.rtol, dim=dim)
     return PositionStrip(row.order, first, tuple(float(r) for r in ratios))
+
+
+def pair_sequence_axis(job: Job, starts: Mapping[int, tuple[int, int | None]],
+                       roots: Mapping[tuple[str, int], int]) -> tuple[int, int] | None:
+    """The sequence dimension of ``job``'s tensor and the position of its index 0, as ``annotate_rows`` finds
+    them (``starts``, ``roots``: ``sequence_starts(b)`` and ``root_of_calls(b)``, computed once)."""
+    _, _, nb, rb = job
+    index = roots.get((nb.module_path, nb.call_index))
+    start, length = starts.get(index, (0, None)) if index is not None else (0, None)
+    return _sequence_axis(rb.slot, rb.shape or (), start, length)
 
 
 def _sequence_axis(slot: str, shape: tuple[int, ...], start: int, length: int | None) -> tuple[int, int] | None:
@@ -141,7 +157,9 @@ def reread_jobs(rows: Sequence[RowDraft], jobs: Sequence[Job], measurements: Seq
 
 def annotate_rows(rows: Sequence[RowDraft], jobs: Sequence[Job], a: Trace, b: Trace, *,
                   logits: tuple[str, ...] = (), run: Runner | None = None,
-                  measurements: Sequence[Measurement | None] = ()) -> tuple[LogitsVerdict, ...]:
+                  measurements: Sequence[Measurement | None] = (),
+                  measured_apart: Mapping[int, tuple[float, np.ndarray | None]] | None = None
+                  ) -> tuple[LogitsVerdict, ...]:
     """Fill ``pcc``, ``position``, ``positions_beyond`` and the logits columns of ``rows`` (still being built);
     returns the logits verdicts. ``jobs[row.order]`` is the pair a row compared. ``run(fn, items)`` maps
     ``fn`` over the rows (the alignment's worker threads: each row is read and annotated on its own).
@@ -150,6 +168,10 @@ def annotate_rows(rows: Sequence[RowDraft], jobs: Sequence[Job], a: Trace, b: Tr
     ``positions`` (see :mod:`tracediff.compare.row_pass`) are used as they are. Only the rows they do not
     cover are read again: logits rows (KL and top-k need whole positions), pairs compared from statistics or
     through a layout, integer pairs, and the rare pair whose pcc the pass could not vouch for.
+
+    ``measured_apart``: for rows measured in parts where their shards live (``align(..., distributed=True)``),
+    by row order, the Pearson correlation and the positions along the sequence dimension holding an element
+    out of tolerance (None: none); those pairs are not read again, so they get no logits verdict.
     """
     starts = sequence_starts(b)
     roots = root_of_calls(b)
@@ -169,6 +191,17 @@ def annotate_rows(rows: Sequence[RowDraft], jobs: Sequence[Job], a: Trace, b: Tr
         if length == 1 and row.within_tolerance is False and not cache:  # one token read: every error is there
             _set(row, position=start, positions_beyond=1)
         if not (ra.has_payload and rb.has_payload) or ra.shape != rb.shape or row.approximate:
+            return None
+        if measured_apart is not None and row.order in measured_apart:
+            pcc, beyond = measured_apart[row.order]
+            _set(row, pcc=pcc)
+            axis = _sequence_axis(rb.slot, rb.shape or (), start, length) if row.within_tolerance is False else None
+            if axis is not None:
+                dim, first = axis
+                found = positions_of(beyond if beyond is not None else np.zeros(0, bool), dim)
+                _set(row, position=None if found.first is None else first + found.first, positions_beyond=found.count)
+            elif row.within_tolerance is True:
+                _set(row, positions_beyond=0)
             return None
         measurement = measurements[row.order] if row.order < len(measurements) else None
         if measurement is not None and _from_pass(row, measurement, logits_row):

@@ -4,6 +4,7 @@ the shards said on their own."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 
 from ..compare.metrics import compare_tensors
@@ -30,15 +31,18 @@ def _close(rebuilt: Payload, reference: Payload) -> bool:
     return bool(compare_tensors(rebuilt, reference, atol=atol, rtol=rtol).within_tolerance)
 
 
-def name_ranks(rows: list[TensorComparison], jobs: list[Job], trace_a: Trace, trace_b: Trace) -> None:
+def name_ranks(rows: list[TensorComparison], jobs: list[Job], trace_a: Trace, trace_b: Trace,
+               known: Mapping[int, int | None] | None = None) -> None:
     """Set ``rank`` on each row out of tolerance whose tensor is sharded in B (else in A): the rank, in mesh
     order, whose shard (or copy of a replica) first holds an element out of the row's tolerance. Rows change
-    in place in ``rows``; a partial sum names no rank."""
+    in place in ``rows``; a partial sum names no rank. ``known``: the ranks of rows measured where their
+    shards live (``align(..., distributed=True)``), by row order: those pairs are not read again."""
     if not isinstance(trace_a, ShardedTrace) and not isinstance(trace_b, ShardedTrace):
         return
     for i, row in enumerate(rows):
         if row.within_tolerance is False and row.order < len(jobs):
-            rank = _first_rank(jobs[row.order], trace_a, trace_b, row)
+            rank = known[row.order] if known is not None and row.order in known else \
+                _first_rank(jobs[row.order], trace_a, trace_b, row)
             if rank is not None:
                 rows[i] = fill(row, rank=rank)
 

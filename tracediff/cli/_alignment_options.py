@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -57,9 +58,16 @@ def run_alignment(args: argparse.Namespace, command: str) -> Alignment:
     result = align(args.a, args.b, atol=parse_cli_tolerances(args.atol, "atol"),
                    rtol=parse_cli_tolerances(args.rtol, "rtol"), map=args.map, match=args.match, progress=True,
                    **_verdict_options(args))
+    if getattr(args, "distributed", False) and not is_root_rank():
+        return result
     for warning in result.warnings:
         print(f"tracediff {command}: warning: {warning}", file=sys.stderr)
     return result
+
+
+def is_root_rank() -> bool:
+    """Whether this process is rank 0 of a torchrun launch (or no launch): the one that prints."""
+    return os.environ.get("RANK", "0") == "0"
 
 
 def _verdict_options(args: argparse.Namespace) -> dict[str, Any]:
@@ -67,7 +75,8 @@ def _verdict_options(args: argparse.Namespace) -> dict[str, Any]:
     options: dict[str, Any] = {"baseline": args.baseline, "ignore": args.ignore,
                                   "allow_incomplete": getattr(args, "allow_incomplete", False),
                                   "step": getattr(args, "step", None), "logits": getattr(args, "logits", None),
-                                  "shards": getattr(args, "shards", None)}
+                                  "shards": getattr(args, "shards", None),
+                                  "distributed": getattr(args, "distributed", False)}
     if args.noise_factor is not None:
         options["noise_factor"] = args.noise_factor
     return options

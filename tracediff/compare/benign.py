@@ -58,10 +58,9 @@ def prepare_pair(a: Any, b: Any, *, recorded_a: tuple[Any, Any] | None = None) -
         notes.append("complex: compared on real and imaginary parts")
         a, b = _as_real_pairs(a), _as_real_pairs(b)
     if is_floating(a.dtype) and is_floating(b.dtype) and a.shape == b.shape:
-        b, (saturated, masked) = _settle_saturated(a, b, recorded_a)
+        b, (saturated, masked) = settle_saturated(a, b, recorded_a)
         if saturated:
-            notes.append(f"{saturated} saturated values (at their dtype's finite extreme on both sides) "
-                         "treated as equal")
+            notes.append(saturated_note(saturated))
         if masked:
             notes.append(f"{masked} masked values (at one side's finite extreme, at most -1e4 on the other) "
                          "treated as equal")
@@ -89,8 +88,13 @@ def _extremes(p: Payload) -> tuple[float, float]:
     return low, high
 
 
-def _settle_saturated(a: Payload, b: Payload, recorded: tuple[Any, Any] | None = None
-                      ) -> tuple[Payload, tuple[int, int]]:
+def saturated_note(count: int) -> str:
+    """The row's note for ``count`` saturated positions treated as equal."""
+    return f"{count} saturated values (at their dtype's finite extreme on both sides) treated as equal"
+
+
+def settle_saturated(a: Payload, b: Payload, recorded: tuple[Any, Any] | None = None
+                     ) -> tuple[Payload, tuple[int, int]]:
     """``b`` with positions where both sides saturate alike replaced by ``a``'s value, and their counts (both at
     their extreme; one at its extreme, the other at most ``-1e4``).
 

@@ -42,6 +42,18 @@ def sequence_dim(shape: tuple[int, ...], length: int) -> int | None:
 
 def positions_beyond_tolerance(a: np.ndarray, b: np.ndarray, *, atol: float, rtol: float, dim: int) -> PositionErrors:
     """The positions along ``dim`` of ``a`` and ``b`` (same shape) holding an element out of tolerance."""
+    return positions_of(beyond_per_position(a, b, atol=atol, rtol=rtol, dim=dim), dim)
+
+
+def positions_of(per_position: np.ndarray, dim: int) -> PositionErrors:
+    """The ``PositionErrors`` of a mask along ``dim`` (True: the position holds an element out of tolerance);
+    masks of slices along other dims merge by ``|``."""
+    hits = np.flatnonzero(per_position)
+    return PositionErrors(dim, int(hits[0]) if hits.size else None, int(hits.size), int(per_position.size))
+
+
+def beyond_per_position(a: np.ndarray, b: np.ndarray, *, atol: float, rtol: float, dim: int) -> np.ndarray:
+    """Per position along ``dim``: whether one of its elements breaks the pass rule."""
     a64, b64 = a.astype(np.float64, copy=False), b.astype(np.float64, copy=False)
     with np.errstate(all="ignore"):
         diff = np.abs(a64 - b64)
@@ -53,9 +65,7 @@ def positions_beyond_tolerance(a: np.ndarray, b: np.ndarray, *, atol: float, rto
         del diff, bound
         if not np.isfinite(a64).all():  # NaN against NaN, or an infinity against the same one, is no error
             bad &= ~((np.isnan(a64) & np.isnan(b64)) | (np.isinf(a64) & (a64 == b64)))
-    per_position = np.moveaxis(bad, dim, 0).reshape(a.shape[dim], -1).any(axis=1)
-    hits = np.flatnonzero(per_position)
-    return PositionErrors(dim, int(hits[0]) if hits.size else None, int(hits.size), int(a.shape[dim]))
+    return np.asarray(np.moveaxis(bad, dim, 0).reshape(a.shape[dim], -1).any(axis=1))
 
 
 def position_error_ratios(a: np.ndarray, b: np.ndarray, *, atol: float, rtol: float, dim: int) -> np.ndarray:

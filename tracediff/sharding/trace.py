@@ -83,13 +83,31 @@ class ShardedTrace(Trace):
             with self._lock:
                 self._checked.add(record.order)
         for diff in differences:
-            unrecorded = placed.layout.source == _UNRECORDED
-            kind = "ranks_disagree" if unrecorded else "replica_differs"
-            what = "recorded without a layout, it" if unrecorded else "a replicated tensor, it"
-            self._add(ShardFinding(kind, placed.node.module_path, placed.node.call_index, record.slot, diff.rank,
-                                   f"{what} differs on rank {diff.rank} from rank {diff.reference_rank} "
-                                   f"(max_abs_err={diff.max_abs_err:.3g})"), record.order)
+            self.note_replica_difference(record, diff.rank, diff.reference_rank, f"max_abs_err={diff.max_abs_err:.3g}")
         return payload
+
+    def note_replica_difference(self, record: TensorRecord, rank: int, reference_rank: int, seen: str) -> None:
+        """List a replicated ``record`` whose copy on ``rank`` differs from ``reference_rank``'s (``seen``: how
+        far, in the finding's parentheses)."""
+        placed = self.placed[record.order]
+        unrecorded = placed.layout is not None and placed.layout.source == _UNRECORDED
+        kind = "ranks_disagree" if unrecorded else "replica_differs"
+        what = "recorded without a layout, it" if unrecorded else "a replicated tensor, it"
+        self._add(ShardFinding(kind, placed.node.module_path, placed.node.call_index, record.slot, rank,
+                               f"{what} differs on rank {rank} from rank {reference_rank} ({seen})"), record.order)
+
+    def mark_replica_checked(self, record: TensorRecord) -> None:
+        """Read the replicated ``record`` from rank 0 alone from now on: its copies were compared elsewhere
+        (``align(..., distributed=True)`` compares their digests)."""
+        with self._lock:
+            self._checked.add(record.order)
+
+    def local_shard(self, record: TensorRecord, rank: int) -> Payload:
+        """Rank ``rank``'s own shard (or copy) of the global tensor ``record``, read from its rank folder alone."""
+        placed = self.placed.get(record.order)
+        if placed is None or self.ranks is None:
+            raise PayloadError(f"{self.directory}: {record.slot}: not placed")
+        return self.ranks.traces[rank].load_payload(placed.shards[rank])
 
     def load(self, record: TensorRecord) -> Any:
         raise PayloadError(f"{self.directory}: a sharded trace is read as numpy payloads only ({record.slot})")

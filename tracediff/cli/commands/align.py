@@ -18,7 +18,8 @@ EXAMPLE = """examples:
   tracediff align traces/orig traces/port --suggest-map rename.json
   tracediff align traces/ref-fp32 traces/port-bf16 --baseline traces/ref-bf16   # judge against bf16 noise
   tracediff align traces/ref traces/port --ignore 'rotary_emb' --next 1   # step past a benign difference
-  tracediff align msprobe_dump/ref msprobe_dump/port   # dumps of other tools: see tracediff import --help"""
+  tracediff align msprobe_dump/ref msprobe_dump/port   # dumps of other tools: see tracediff import --help
+  torchrun --nproc-per-node 4 -m tracediff align traces/tp1 traces/tp4 --distributed   # each rank reads its own"""
 
 
 def register(sub: Any) -> None:
@@ -40,17 +41,34 @@ def register(sub: Any) -> None:
     p.add_argument("--next", type=int, default=0, metavar="N",
                    help="centre the table on error source N+1 (0: the first divergence), to step past a benign "
                         "difference; the sources are listed in the report")
+    p.add_argument("--distributed", action="store_true",
+                   help="under torchrun --nproc-per-node N (B a multi-rank folder of N ranks): each rank compares the "
+                        "shards of its own rank folder, rank 0 merges the rows and writes the report; the other "
+                        "ranks print nothing and exit with the same code (see docs/distributed.md)")
     p.set_defaults(run=run, skip_teardown=True)  # runs no code of the user's: see cli.process.leave
 
 
 def run(args: argparse.Namespace) -> int:
-    from .._alignment_options import run_alignment
+    if not args.distributed:
+        return _run(args)
+    from ...alignment.distributed import distributed_run, wait_for_all
+
+    with distributed_run() as group:  # one group for the alignment and the wait below
+        code = _run(args)
+        wait_for_all()  # no rank exits before rank 0 has written the report (torchrun stops the others)
+    return code if group.is_root else (0 if code == 0 else 1)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from .._alignment_options import is_root_rank, run_alignment
     from .._sources import dumps_as_traces, given_paths
     from ..process import paused_gc
 
     # dumps imported for the time of the run; a row per tensor, nodes per call: nothing is garbage worth scanning
     with dumps_as_traces(args, "align", ("a", "b", "baseline")) as found, paused_gc():
         result = given_paths(run_alignment(args, "align"), found)
+        if args.distributed and not is_root_rank():  # rank 0 writes the report; every rank exits alike
+            return 0 if result.passed else 1
         return _report(result, args)
 
 
