@@ -8,8 +8,10 @@
   ``finfo(float32).min`` on one side and ``finfo(bfloat16).min`` on the
   other), or are the same infinity, the values compare equal: both mean
   "masked". Without this one masked row of a bf16 port reports an error of
-  1.3e36. A value at one side's extreme against one at most ``-1e4`` on the
-  other (an older port's additive mask) is masked on both sides too.
+  1.3e36. A value at one side's extreme against one at most ``-5e3`` on the
+  other is masked on both sides too: an older port's additive mask (``-1e4``),
+  or attention scores with that mask added (``score - 1e4``, a score of any
+  magnitude below 5e3), whose softmax is 0 there on both sides.
 * **Integers and bools** compare exactly (every value, at full 64-bit
   precision: 2**40 against 2**40 + 1 is a divergence), whatever the
   tolerance.
@@ -27,6 +29,10 @@ import numpy as np
 from ..trace.payload import Payload, as_floats, finite_max, is_complex, is_floating, payload_of
 from .masks import MASKED_AT
 from .shapes import squeezable, squeeze_note
+
+#: against the other side's extreme, a value at most this is masked: an additive mask of at most ``-1e4`` plus
+#: a score below 5e3 in magnitude (``exp`` of it is 0 in every float dtype)
+MASKED_SCORE_AT = MASKED_AT / 2
 
 _EXACT_NOTE = "integers compared exactly"
 _CHUNK = 1 << 20
@@ -60,7 +66,7 @@ def prepare_pair(a: Any, b: Any) -> tuple[Payload, Payload, list[str]]:
             notes.append(f"{saturated} saturated values (at their dtype's finite extreme on both sides) "
                          "treated as equal")
         if masked:
-            notes.append(f"{masked} masked values (at one side's finite extreme, at most -1e4 on the other) "
+            notes.append(f"{masked} masked values (at one side's finite extreme, at most -5e3 on the other) "
                          "treated as equal")
     return a, b, notes
 
@@ -96,14 +102,15 @@ def _settle_saturated(a: Payload, b: Payload) -> tuple[Payload, tuple[int, int]]
         return b, (0, 0)
     max_a, max_b = finite_max(a.dtype), finite_max(b.dtype)
     low, high = _extremes(a)
-    if not (low <= MASKED_AT or high >= max_a):  # all NaN leaves (inf, -inf): nothing saturates
+    if not (low <= MASKED_SCORE_AT or high >= max_a):  # all NaN leaves (inf, -inf): nothing saturates
         return b, (0, 0)
     target = _promoted(a.dtype, b.dtype)
     work = np.float64 if target == "float64" else np.float32
     wa, wb = as_floats(a.values, a.dtype, work), as_floats(b.values, b.dtype, work)
     both = ((wa <= -max_a) & (wb <= -max_b)) | ((wa >= max_a) & (wb >= max_b))
-    # a masked score: one side at its extreme, the other masked by a smaller constant (-1e4 of older ports)
-    masked = ~both & (((wa <= -max_a) & (wb <= MASKED_AT)) | ((wb <= -max_b) & (wa <= MASKED_AT)))
+    # a masked score: one side at its extreme, the other masked by a smaller constant (-1e4 of older ports),
+    # possibly with the score added to it (scores + mask, a softmax's input)
+    masked = ~both & (((wa <= -max_a) & (wb <= MASKED_SCORE_AT)) | ((wb <= -max_b) & (wa <= MASKED_SCORE_AT)))
     same = both | masked
     count = int(np.count_nonzero(both)), int(np.count_nonzero(masked))
     if not sum(count):
