@@ -70,3 +70,29 @@ def test_a_softmax_reading_masked_scores_is_no_source(reference: Path, tmp_path:
         (f"LlamaModel.layers.{i}.self_attn", "torch.Tensor.mul", "outputs") for i in (0, 1)]
     softmax = [row for row in result.rows if row.op == "torch.softmax" and row.tensor == "outputs"]
     assert len(softmax) == 2 and all(row.origin == "inherited" for row in softmax)
+
+
+def _leaky_mask_forward(self: nn.Module, hidden_states: torch.Tensor, position_embeddings: Any = None,
+                        attention_mask: torch.Tensor | None = None, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """A real mask bug: the first query may attend to the second position (a future one)."""
+    assert attention_mask is not None
+    attention_mask = attention_mask.clone()
+    attention_mask[..., 0, 1] = 0.0
+    return ops_models.attention_forward(self, hidden_states, position_embeddings, attention_mask, **kwargs)
+
+
+def test_scores_masked_on_one_side_only_are_a_mask_difference_not_a_huge_error(reference: Path,
+                                                                             tmp_path: Path) -> None:
+    model = ops_models.tiny_llama("eager")
+    attn = model.layers[1].self_attn
+    attn.forward = types.MethodType(_leaky_mask_forward, attn)
+    result = tracediff.align(reference, _capture(model, tmp_path / "port"))
+    first = result.first_divergence
+    assert first is not None and first.module_path_b == "LlamaModel.layers.1.self_attn"
+    assert first.op == "torch.Tensor.add" and "mask difference" in first.reason
+    scores = next(row for row in result.rows if row.op == "torch.Tensor.add" and row.tensor == "outputs"
+                  and row.module_path_b == first.module_path_b and row.tensor_a.startswith("torch.Tensor.add #14"))
+    # one position of each of the 4 heads is masked in A only; the scores elsewhere are A's exactly
+    assert "4 position(s) masked in A only, 0 in B only" in scores.reason
+    assert scores.within_tolerance is False and scores.max_abs_err == 0.0
+    assert max(row.max_abs_err for row in result.rows) < 1e3  # no 3.4e38 anywhere

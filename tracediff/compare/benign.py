@@ -92,6 +92,15 @@ def _extremes(p: Payload) -> tuple[float, float]:
     return low, high
 
 
+def _lowest(p: Payload) -> float:
+    """The smallest value, NaN left out (one reduction: a cheap first look)."""
+    flat, low = p.values.reshape(-1), math.inf
+    for start in range(0, flat.size, _CHUNK):
+        chunk = as_floats(flat[start:start + _CHUNK], p.dtype, np.float64 if p.dtype == "float64" else np.float32)
+        low = min(low, float(np.fmin.reduce(chunk)))
+    return low
+
+
 def _settle_saturated(a: Payload, b: Payload) -> tuple[Payload, tuple[int, int]]:
     """``b`` with positions where both sides saturate alike replaced by ``a``'s value, and their counts (both at
     their extreme; one at its extreme, the other at most ``-1e4``).
@@ -122,6 +131,30 @@ def _settle_saturated(a: Payload, b: Payload) -> tuple[Payload, tuple[int, int]]
     if target in ("bfloat16",):  # both sides bf16: keep the bits, so the pair still reads as one dtype
         return Payload((settled.view(np.uint32) >> 16).astype(np.uint16), target), count
     return Payload(settled, target), count
+
+
+def settle_masked_one_side(a: Payload, b: Payload) -> tuple[Payload, int, int]:
+    """``b`` with the positions masked on one side only made equal to ``a``'s, and how many are masked in A
+    only and in B only: one side at its dtype's finite extreme (a masked score, ``finfo.min``), the other a
+    plain value above ``-5e3``. Such a position is a mask difference, counted in positions by the caller,
+    never a 3.4e38 error. Infinities are left alone (an ``-inf`` made by a ``log`` is the op's doing)."""
+    if a.size == 0 or a.shape != b.shape or not (is_floating(a.dtype) and is_floating(b.dtype)):
+        return b, 0, 0
+    max_a, max_b = finite_max(a.dtype), finite_max(b.dtype)
+    if _lowest(a) > -max_a and _lowest(b) > -max_b:  # most tensors: no extreme on either side
+        return b, 0, 0
+    work = np.float64 if _promoted(a.dtype, b.dtype) == "float64" else np.float32
+    wa, wb = as_floats(a.values, a.dtype, work), as_floats(b.values, b.dtype, work)
+    plain_a, plain_b = np.isfinite(wa) & (wa > MASKED_SCORE_AT), np.isfinite(wb) & (wb > MASKED_SCORE_AT)
+    only_a = np.isfinite(wa) & (wa <= -max_a) & plain_b
+    only_b = np.isfinite(wb) & (wb <= -max_b) & plain_a
+    count_a, count_b = int(np.count_nonzero(only_a)), int(np.count_nonzero(only_b))
+    if not count_a + count_b:
+        return b, 0, 0
+    settled = wb.copy()
+    either = only_a | only_b
+    settled[either] = wa[either]
+    return Payload(settled, "float64" if work is np.float64 else "float32"), count_a, count_b
 
 
 def _promoted(x: str, y: str) -> str:

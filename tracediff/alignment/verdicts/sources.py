@@ -68,8 +68,8 @@ def excess(row: TensorComparison, record_a: TensorRecord) -> float | None:
         return math.inf
     if row.status in ("unreadable", "no_data") or math.isnan(row.max_abs_err):
         return None
-    if row.nan_mismatch or row.inf_mismatch:
-        return math.inf
+    if row.nan_mismatch or row.inf_mismatch or math.isinf(row.required_atol):
+        return math.inf  # no tolerance passes it: NaN, infinities, positions masked on one side only
     if row.noise_ratio is not None:
         return row.noise_ratio
     error = row.max_abs_err
