@@ -30,8 +30,9 @@ def reference_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.parametrize(("bug", "op", "tensor", "origin"), [
     # k is not rotated: the first op that reads it (q @ k^T) gets a different input
     ("rotary_q_only", "torch.matmul", "inputs.args.1", "between modules"),
-    # heads k0 k1 k0 k1 instead of k0 k0 k1 k1: q @ k^T reads the wrong heads
-    ("gqa_mapping", "torch.matmul", "inputs.args.1", "between modules"),
+    # heads k0 k1 k0 k1 instead of k0 k0 k1 k1: named at the repeat, whose input matches and whose output, as
+    # q @ k^T reads it through an unrecorded transpose, does not (A's repeat_kv is views only: no op of A)
+    ("gqa_mapping", "torch.Tensor.repeat", "outputs", "introduced"),
     # the scores are scaled by the wrong factor: the multiplication itself introduces the error
     ("scale", "torch.Tensor.mul", "outputs", "introduced"),
 ])

@@ -8,8 +8,10 @@
   ``finfo(float32).min`` on one side and ``finfo(bfloat16).min`` on the
   other), or are the same infinity, the values compare equal: both mean
   "masked". Without this one masked row of a bf16 port reports an error of
-  1.3e36. A value at one side's extreme against one at most ``-1e4`` on the
-  other (an older port's additive mask) is masked on both sides too.
+  1.3e36. A value at one side's extreme against one at most ``-5e3`` on the
+  other is masked on both sides too: an older port's additive mask (``-1e4``),
+  or attention scores with that mask added (``score - 1e4``, a score of any
+  magnitude below 5e3), whose softmax is 0 there on both sides.
 * **Integers and bools** compare exactly (every value, at full 64-bit
   precision: 2**40 against 2**40 + 1 is a divergence), whatever the
   tolerance.
@@ -27,6 +29,10 @@ import numpy as np
 from ..trace.payload import Payload, as_floats, finite_max, is_complex, is_floating, payload_of
 from .masks import MASKED_AT
 from .shapes import squeezable, squeeze_note
+
+#: against the other side's extreme, a value at most this is masked: an additive mask of at most ``-1e4`` plus
+#: a score below 5e3 in magnitude (``exp`` of it is 0 in every float dtype)
+MASKED_SCORE_AT = MASKED_AT / 2
 
 _EXACT_NOTE = "integers compared exactly"
 _CHUNK = 1 << 20
@@ -62,7 +68,7 @@ def prepare_pair(a: Any, b: Any, *, recorded_a: tuple[Any, Any] | None = None) -
         if saturated:
             notes.append(saturated_note(saturated))
         if masked:
-            notes.append(f"{masked} masked values (at one side's finite extreme, at most -1e4 on the other) "
+            notes.append(f"{masked} masked values (at one side's finite extreme, at most -5e3 on the other) "
                          "treated as equal")
     return a, b, notes
 
@@ -88,6 +94,15 @@ def _extremes(p: Payload) -> tuple[float, float]:
     return low, high
 
 
+def _lowest(p: Payload) -> float:
+    """The smallest value, NaN left out (one reduction: a cheap first look)."""
+    flat, low = p.values.reshape(-1), math.inf
+    for start in range(0, flat.size, _CHUNK):
+        chunk = as_floats(flat[start:start + _CHUNK], p.dtype, np.float64 if p.dtype == "float64" else np.float32)
+        low = min(low, float(np.fmin.reduce(chunk)))
+    return low
+
+
 def saturated_note(count: int) -> str:
     """The row's note for ``count`` saturated positions treated as equal."""
     return f"{count} saturated values (at their dtype's finite extreme on both sides) treated as equal"
@@ -96,7 +111,7 @@ def saturated_note(count: int) -> str:
 def settle_saturated(a: Payload, b: Payload, recorded: tuple[Any, Any] | None = None
                      ) -> tuple[Payload, tuple[int, int]]:
     """``b`` with positions where both sides saturate alike replaced by ``a``'s value, and their counts (both at
-    their extreme; one at its extreme, the other at most ``-1e4``).
+    their extreme; one at its extreme, the other at most ``-5e3``).
 
     One cheap pass over ``a``'s extremes first (none when its recorded extremes are far from them): most
     tensors hold nothing near them.
@@ -105,17 +120,18 @@ def settle_saturated(a: Payload, b: Payload, recorded: tuple[Any, Any] | None = 
         return b, (0, 0)
     max_a, max_b = finite_max(a.dtype), finite_max(b.dtype)
     if recorded is not None and all(isinstance(v, (int, float)) and abs(v) < 0.5 * max_a for v in recorded) \
-            and recorded[0] > MASKED_AT:  # far from its extremes, and nothing of a masked as an older port masks
+            and recorded[0] > MASKED_SCORE_AT:  # far from its extremes, and nothing masked as older ports mask
         return b, (0, 0)
     low, high = _extremes(a)
-    if not (low <= MASKED_AT or high >= max_a):  # all NaN leaves (inf, -inf): nothing saturates
+    if not (low <= MASKED_SCORE_AT or high >= max_a):  # all NaN leaves (inf, -inf): nothing saturates
         return b, (0, 0)
     target = _promoted(a.dtype, b.dtype)
     work = np.float64 if target == "float64" else np.float32
     wa, wb = as_floats(a.values, a.dtype, work), as_floats(b.values, b.dtype, work)
     both = ((wa <= -max_a) & (wb <= -max_b)) | ((wa >= max_a) & (wb >= max_b))
-    # a masked score: one side at its extreme, the other masked by a smaller constant (-1e4 of older ports)
-    masked = ~both & (((wa <= -max_a) & (wb <= MASKED_AT)) | ((wb <= -max_b) & (wa <= MASKED_AT)))
+    # a masked score: one side at its extreme, the other masked by a smaller constant (-1e4 of older ports),
+    # possibly with the score added to it (scores + mask, a softmax's input)
+    masked = ~both & (((wa <= -max_a) & (wb <= MASKED_SCORE_AT)) | ((wb <= -max_b) & (wa <= MASKED_SCORE_AT)))
     same = both | masked
     count = int(np.count_nonzero(both)), int(np.count_nonzero(masked))
     if not sum(count):
@@ -127,6 +143,30 @@ def settle_saturated(a: Payload, b: Payload, recorded: tuple[Any, Any] | None = 
     if target in ("bfloat16",):  # both sides bf16: keep the bits, so the pair still reads as one dtype
         return Payload((settled.view(np.uint32) >> 16).astype(np.uint16), target), count
     return Payload(settled, target), count
+
+
+def settle_masked_one_side(a: Payload, b: Payload) -> tuple[Payload, int, int]:
+    """``b`` with the positions masked on one side only made equal to ``a``'s, and how many are masked in A
+    only and in B only: one side at its dtype's finite extreme (a masked score, ``finfo.min``), the other a
+    plain value above ``-5e3``. Such a position is a mask difference, counted in positions by the caller,
+    never a 3.4e38 error. Infinities are left alone (an ``-inf`` made by a ``log`` is the op's doing)."""
+    if a.size == 0 or a.shape != b.shape or not (is_floating(a.dtype) and is_floating(b.dtype)):
+        return b, 0, 0
+    max_a, max_b = finite_max(a.dtype), finite_max(b.dtype)
+    if _lowest(a) > -max_a and _lowest(b) > -max_b:  # most tensors: no extreme on either side
+        return b, 0, 0
+    work = np.float64 if _promoted(a.dtype, b.dtype) == "float64" else np.float32
+    wa, wb = as_floats(a.values, a.dtype, work), as_floats(b.values, b.dtype, work)
+    plain_a, plain_b = np.isfinite(wa) & (wa > MASKED_SCORE_AT), np.isfinite(wb) & (wb > MASKED_SCORE_AT)
+    only_a = np.isfinite(wa) & (wa <= -max_a) & plain_b
+    only_b = np.isfinite(wb) & (wb <= -max_b) & plain_a
+    count_a, count_b = int(np.count_nonzero(only_a)), int(np.count_nonzero(only_b))
+    if not count_a + count_b:
+        return b, 0, 0
+    settled = wb.copy()
+    either = only_a | only_b
+    settled[either] = wa[either]
+    return Payload(settled, "float64" if work is np.float64 else "float32"), count_a, count_b
 
 
 def _promoted(x: str, y: str) -> str:

@@ -12,7 +12,7 @@ from ..errors import PayloadFormatError, TracediffError
 from ..trace.load import Trace
 from ..trace.model import TensorRecord
 from ..trace.payload import Payload, is_complex, payload_of
-from .benign import exact_mismatches, is_exact_dtype, prepare_pair
+from .benign import MASKED_SCORE_AT, exact_mismatches, is_exact_dtype, prepare_pair, settle_masked_one_side
 from .masks import masks_payloads, may_be_mask
 from .measurement import Measurement, dtype_note, measured, unmeasured
 from .metrics import PairMetrics, compare_tensors, measure_tensors
@@ -52,9 +52,18 @@ def compare_payloads(
     recorded = (ra.stats.get("min"), ra.stats.get("max"))  # (5 digits in a standard trace: far enough)
     a, b, notes = prepare_pair(a, b, recorded_a=recorded)
     notes = [*filter(None, stored), *notes]
+    only_a = only_b = 0
+    if _may_be_masked(ra) or _may_be_masked(rb):  # the statistics rule most tensors out: no pass over them
+        b, only_a, only_b = settle_masked_one_side(a, b)
+    if only_a or only_b:
+        notes.append(f"mask difference: {only_a} position(s) masked in A only, {only_b} in B only (at the "
+                     "dtype's extreme on one side, a plain value on the other); the other positions compared")
     note = "; ".join(filter(None, [dtype_note(ra, rb), *notes]))
     if is_exact_dtype(a.dtype) and is_exact_dtype(b.dtype):
         return measured(_compare_exact(a, b), approximate=False, note=note)
+    if only_a or only_b:  # counted in positions, never measured; the row's annotations are read again
+        return measured(_mask_difference(compare_tensors(a, b, atol=atol, rtol=rtol), only_a, only_b),
+                        approximate=False, note=note)
     if not plain:
         return measured(compare_tensors(a, b, atol=atol, rtol=rtol), approximate=False, note=note)
     if along is not None and a.shape != tuple(rb.shape or ()):  # a replaced payload: positions are read again
@@ -81,6 +90,20 @@ def _compare_exact(a: Any, b: Any) -> PairMetrics:
                    required_atol=max(metrics.required_atol, worst), max_rel_err=max(metrics.max_rel_err, rel),
                    required_rtol=max(metrics.required_rtol, rel),
                    mismatch_fraction=mismatched / metrics.numel if metrics.numel else 0.0)
+
+
+def _may_be_masked(record: TensorRecord) -> bool:
+    """Can the tensor hold a masked score (its recorded ``min`` at most ``-5e3``, or no ``min`` recorded)?"""
+    low = record.stats.get("min")
+    return not isinstance(low, (int, float)) or not low > MASKED_SCORE_AT
+
+
+def _mask_difference(metrics: PairMetrics, only_a: int, only_b: int) -> PairMetrics:
+    """Positions masked on one side only are out of tolerance whatever the tolerance: counted, never measured
+    (their 3.4e38 would hide every other error); the errors are the other positions'."""
+    mismatched = metrics.mismatched + only_a + only_b
+    return replace(metrics, identical=False, mismatched=mismatched, required_atol=math.inf,
+                   required_rtol=math.inf, mismatch_fraction=mismatched / metrics.numel if metrics.numel else 0.0)
 
 
 def _stored_dtype_note(side: str, record: TensorRecord, payload: Payload) -> str:

@@ -20,8 +20,9 @@ flows into them, in B's call order, in four passes:
    unless an input of B's op is linked to a tensor that A's op does not take. This is how a bug shows at the
    op that reads the wrong tensor (``k`` left unrotated: ``q @ k^T`` reads another ``k``).
 3. **Feeding**: an op of B still unpaired that reads only tensors paired with A's, and whose output is an
-   input of an op paired in pass 2, pairs its output with A's tensor at that input (the op that made a NaN
-   from finite inputs is named, not the op that read it).
+   input of an op paired in pass 2 (itself, or an unrecorded view of it, reshaped or transposed), pairs its
+   output with A's tensor at that input (the op that made a NaN from finite inputs is named, not the op that
+   read it; a GQA ``repeat`` in the wrong head order, not the ``q @ k^T`` that reads it transposed).
 4. **Last output**: each op of B still unpaired, from the last, takes the latest unpaired output of A of a
    compatible shape between the neighbouring pairs (a fused ``scaled_dot_product_attention`` that computes
    something else than A's ``matmul`` + ``softmax`` + ``matmul`` shows as one diverged row).
@@ -33,7 +34,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from difflib import SequenceMatcher
 
 from ...compare.shapes import squeezable
@@ -261,13 +262,18 @@ class _Call:
             # only an op that reads tensors paired with A's: what it makes of them is its own doing
             if j in self.partner_b or not all(self.links.known(rb) for rb in op_b.inputs()):
                 continue
-            found = next(((op_a, ra, out) for out in op_b.outputs() for op_a, ra, rb in fed
-                          if rb.order > out.order and compatible(ra, out) and self.same_tensor(out, rb)), None)
+            found = next(((op_a, ra, out, rb) for out in op_b.outputs() for op_a, ra, rb in fed
+                          if rb.order > out.order and (compatible(ra, out) or compatible(ra, rb))
+                          and self.same_tensor(out, rb)), None)
             if found is None:
                 continue
-            op_a, ra, out = found
+            op_a, ra, out, rb = found
+            if not compatible(ra, out):
+                # read through a view that changes the shape (``k.transpose(2, 3)`` of a repeated ``k``): the
+                # values compared are the op's output as the reading op saw it, in A's tensor's layout
+                out = replace(rb, slot=out.slot, order=out.order)
             made = made_a.get(ra.payload) if ra.payload else None
-            if made is not None and made[0] not in self.partner_a:
+            if made is not None and made[0] not in self.partner_a and compatible(made[1], out):
                 self.pair(made[0], j, "feeding", [(made[1], out)])
             else:
                 self.partner_b[j] = -1

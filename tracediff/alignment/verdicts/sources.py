@@ -37,19 +37,25 @@ import math
 from collections.abc import Sequence
 from functools import lru_cache
 
+from ...compare.masks import MASKED_AT
 from ...trace.model import Node, TensorRecord
 from ..result import TensorComparison
 from ..rows import RowDraft, add_note
 
 
 def scale_of(record: TensorRecord) -> float | None:
-    """``max(|min|, |max|)`` from a record's statistics, or None when they were not recorded."""
-    scale = None
-    for key in ("min", "max"):
-        value = record.stats.get(key)
-        if isinstance(value, (int, float)) and math.isfinite(value) and (scale is None or abs(value) > scale):
-            scale = abs(float(value))
-    return scale
+    """``max(|min|, |max|)`` from a record's statistics, or None when they were not recorded.
+
+    A ``min`` that is a mask's value rather than a magnitude (at most ``-1e4`` and a hundred times beyond
+    ``|max|``: masked attention scores, ``finfo.min`` or ``score - 1e4``) is left out, so that the error of
+    the other positions is not measured against 3.4e38 (which made every row after masked scores look like
+    noise, and the softmax reading them a source)."""
+    low, high = (record.stats.get(key) for key in ("min", "max"))
+    values = [float(v) for v in (low, high) if isinstance(v, (int, float)) and math.isfinite(v)]
+    if isinstance(low, (int, float)) and isinstance(high, (int, float)) and low <= MASKED_AT \
+            and abs(low) > 100 * abs(high):
+        values = [float(high)] if math.isfinite(high) else []
+    return max((abs(v) for v in values), default=None)
 
 
 def excess(row: TensorComparison, record_a: TensorRecord) -> float | None:
@@ -62,8 +68,8 @@ def excess(row: TensorComparison, record_a: TensorRecord) -> float | None:
         return math.inf
     if row.status in ("unreadable", "no_data") or math.isnan(row.max_abs_err):
         return None
-    if row.nan_mismatch or row.inf_mismatch:
-        return math.inf
+    if row.nan_mismatch or row.inf_mismatch or math.isinf(row.required_atol):
+        return math.inf  # no tolerance passes it: NaN, infinities, positions masked on one side only
     if row.noise_ratio is not None:
         return row.noise_ratio
     error = row.max_abs_err
