@@ -198,8 +198,7 @@ def annotate_rows(rows: Sequence[RowDraft], jobs: Sequence[Job], a: Trace, b: Tr
             axis = _sequence_axis(rb.slot, rb.shape or (), start, length) if row.within_tolerance is False else None
             if axis is not None:
                 dim, first = axis
-                found = positions_of(beyond if beyond is not None else np.zeros(0, bool), dim)
-                _set(row, position=None if found.first is None else first + found.first, positions_beyond=found.count)
+                _set_positions(row, first, positions_of(beyond if beyond is not None else np.zeros(0, bool), dim))
             elif row.within_tolerance is True:
                 _set(row, positions_beyond=0)
             return None

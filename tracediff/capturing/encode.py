@@ -51,7 +51,7 @@ class Encoder:
                  pipeline: PayloadPipeline | None = None, measure: Callable[..., dict[str, Any]] | None = None
                  ) -> None:
         self.folder = folder
-        self.measure = measure  # the statistics of a host tensor: None for ``tensor_stats``, ``numpy_stats`` for MLX
+        self.measure = measure or tensor_stats  # the statistics of a host tensor (``numpy_stats`` for MLX)
         self.pipeline = pipeline  # writes payloads on writer threads; None: written here, synchronously
         self.tensors = tensors
         self.statistics = True  # False: entries of a decode step left out with other_steps="tree" (decode_steps)
@@ -142,7 +142,7 @@ class Encoder:
 
     def _measure(self, tensor: torch.Tensor, on_device: bool) -> dict[str, Any]:
         """The statistics of a host tensor now; an empty dict for a device tensor, filled in later."""
-        return {} if on_device else (self.measure or tensor_stats)(tensor, buffers=self._stats_buffers)
+        return {} if on_device else self.measure(tensor, buffers=self._stats_buffers)
 
     def when_complete(self, callback: Callable[[], None]) -> None:
         """Run ``callback`` once the entries encoded so far are complete: payloads on disk, statistics known.
@@ -199,8 +199,8 @@ class Encoder:
 
 
 def _filling(entry: dict[str, Any], stats: dict[str, Any], dtype: torch.dtype,
-             statistics: Callable[..., dict[str, Any]] | None) -> Measure:
+             statistics: Callable[..., dict[str, Any]]) -> Measure:
     """What the writer thread runs on a payload's host copy: its statistics, into its entry."""
     def measure(host: torch.Tensor, buffers: StatsBuffers) -> None:
-        fill_entry_stats(entry, stats, (statistics or tensor_stats)(host, buffers=buffers), dtype)
+        fill_entry_stats(entry, stats, statistics(host, buffers=buffers), dtype)
     return measure
