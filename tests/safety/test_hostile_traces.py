@@ -126,6 +126,34 @@ def test_a_bad_payload_is_one_unreadable_row_and_the_report_goes_on(
     assert len(result.rows) > len(unreadable) and not result.passed
 
 
+def test_payload_links_are_followed_inside_the_folder_only_and_never_after_resolution(
+        b: Path, small_trace: Path, tmp_path: Path) -> None:
+    """A payload that is a link resolves to its target inside the folder, a link out is refused, and a
+    file swapped for a link after its name was resolved is refused when read (``O_NOFOLLOW``)."""
+    from tracediff.errors import PayloadError, UnsafePathError
+    from tracediff.trace.load import load_trace
+
+    records = {r.payload: r for _, r in load_trace(b).records() if r.payload}
+    inside, out, swapped = sorted(records)[:3]
+    (b / "kept.bin").write_bytes((b / inside).read_bytes())
+    (b / inside).unlink()
+    (b / inside).symlink_to("kept.bin")
+    (tmp_path / "elsewhere.safetensors").write_bytes((b / out).read_bytes())
+    (b / out).unlink()
+    (b / out).symlink_to(tmp_path / "elsewhere.safetensors")
+    trace = load_trace(b)
+    assert trace.payload_path(records[inside]) == (b / "kept.bin").resolve()
+    assert trace.load_payload(records[inside]).values.size > 0
+    with pytest.raises(UnsafePathError, match="links outside"):
+        trace.payload_path(records[out])
+    assert trace.payload_path(records[swapped]) == (b / swapped).resolve()
+    (b / "moved.bin").write_bytes((b / swapped).read_bytes())
+    (b / swapped).unlink()
+    (b / swapped).symlink_to("moved.bin")
+    with pytest.raises(PayloadError, match="cannot open the payload"):
+        trace.load_payload(records[swapped])
+
+
 def test_a_value_that_is_not_a_path_is_said_in_the_row(b: Path, small_trace: Path) -> None:
     def number_value(tree: dict[str, Any]) -> None:
         _payload_entries(tree)[0]["value"] = 7

@@ -17,7 +17,6 @@ in docs/distributed.md ("Compare where the data lives").
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -278,6 +277,8 @@ def _with_saturated(part: PartMetrics, count: int) -> Any:
 
 def _digest(values: np.ndarray, dtype: str) -> str:
     """The bytes of a replica's copy, hashed: two ranks' copies compared without sending either."""
+    import hashlib  # here: only a distributed alignment hashes, and its import costs a one-rank start-up 3 ms
+
     h = hashlib.blake2b(f"{dtype}{values.shape}".encode(), digest_size=16)
     h.update(np.ascontiguousarray(values).view(np.uint8).reshape(-1).data)
     return h.hexdigest()

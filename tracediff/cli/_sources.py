@@ -19,16 +19,19 @@ def dumps_as_traces(args: argparse.Namespace, command: str, names: tuple[str, ..
 
     The imported traces live in temporary folders until the block ends; each
     import is said on stderr in one line. A folder that is neither a trace
-    nor a dump keeps the trace reader's error.
+    nor a dump keeps the trace reader's error. What is yielded names the arguments that were looked at
+    as possible dumps; a trace folder is not among them.
     """
-    from ..importers import opened
+    from ..trace.load import is_trace_folder
 
     with ExitStack() as stack:
         found: dict[str, Opened] = {}
         for name in names:
             given = getattr(args, name, None)
-            if given is None:
+            if given is None or is_trace_folder(given):  # the importers (and their imports) are not needed
                 continue
+            from ..importers import opened
+
             source = stack.enter_context(opened(given))
             found[name] = source
             result = source.imported

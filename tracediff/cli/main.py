@@ -32,7 +32,9 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message} (see --help)\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The whole command line; with ``command``, that subcommand alone (its options parse the same, and the
+    others' hundred options are not built on the way to a run)."""
     parser = _Parser(
         prog="tracediff",
         description="Find where two implementations of a neural network first disagree.",
@@ -43,11 +45,21 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"tracediff {__version__}")
     parser.add_argument("--debug", action="store_true", help=_DEBUG_HELP)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    for module in commands.ALL:
-        module.register(sub)
-    for command in sub.choices.values():  # also accepted after the command: `tracediff align A B --debug`
-        command.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=_DEBUG_HELP)
+    for name, module in commands.BY_NAME.items():
+        if command is None or name == command:
+            module.register(sub)
+    for registered in sub.choices.values():  # also accepted after the command: `tracediff align A B --debug`
+        registered.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=_DEBUG_HELP)
     return parser
+
+
+def _named_command(argv: Sequence[str]) -> str | None:
+    """The subcommand ``argv`` runs, when it names one after nothing but ``--debug``; else None (help, version,
+    a mistyped command: the whole parser answers)."""
+    for token in argv:
+        if token != "--debug":
+            return token if token in commands.BY_NAME else None
+    return None
 
 
 def _debug_requested(args: argparse.Namespace) -> bool:
@@ -73,7 +85,7 @@ def _run(argv: Sequence[str] | None, *, whole_process: bool = False) -> tuple[in
     the teardown (:func:`tracediff.cli.process.leave`) then also runs without the cyclic garbage collector
     (:func:`tracediff.cli.process.stop_cyclic_gc`).
     """
-    parser = build_parser()
+    parser = build_parser(_named_command(sys.argv[1:] if argv is None else argv))
     args = parser.parse_args(argv)
     if not getattr(args, "run", None):
         parser.print_help(sys.stderr)

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import errno
 import os
-import secrets
 import stat
 import tempfile
 from collections.abc import Callable
@@ -170,7 +169,7 @@ def _temp_beside(path: Path, what: str = "file") -> tuple[int, str]:
     links, so nothing planted beforehand can redirect the write.
     """
     for _ in range(100):
-        tmp = os.path.join(path.parent, f".{path.name[:200]}.{secrets.token_hex(8)}.tmp")
+        tmp = os.path.join(path.parent, f".{path.name[:200]}.{os.urandom(8).hex()}.tmp")
         try:
             return os.open(tmp, _NEW_FILE_FLAGS, 0o666), tmp
         except FileExistsError:

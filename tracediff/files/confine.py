@@ -42,6 +42,7 @@ STEP_RECORD_LIMIT = 1 * GiB
 JOURNAL_LIMIT = 4 * GiB
 
 _O_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 
 def _kind(mode: int) -> str:
@@ -78,10 +79,11 @@ def _reason(error: OSError | ValueError) -> str:
     return error.strerror if isinstance(error, OSError) and error.strerror else str(error)
 
 
-def _open_regular(path: Path, error: type[TracediffError], what: str, missing: str | None = None) -> tuple[int, int]:
+def _open_regular(path: Path, error: type[TracediffError], what: str, missing: str | None = None,
+                  flags: int = _O_FLAGS) -> tuple[int, int]:
     """Open ``path`` without blocking and check it is a regular file; returns ``(fd, size)``."""
     try:
-        fd = os.open(path, _O_FLAGS)
+        fd = os.open(path, flags)
     except FileNotFoundError:
         raise error(f"{path}: {missing or what + ' not found'}") from None
     except (OSError, ValueError) as e:
@@ -122,21 +124,27 @@ def open_regular(path: Path, *, root: Path | None = None, error: type[TracediffE
 
 
 def map_regular_file(path: Path, *, root: Path | None = None, error: type[TracediffError] = TraceFormatError,
-                     what: str = "file", missing: str | None = None) -> mmap.mmap | bytes:
+                     what: str = "file", missing: str | None = None, resolved: bool = False) -> mmap.mmap | bytes:
     """The regular file ``path`` (inside ``root`` when given) mapped read-only; ``b""`` when it is empty.
 
     Opened and checked as ``read_bounded`` does, then mapped from the same
     descriptor, so nothing can swap the file between the check and the map.
-    Nothing is read until the caller touches the bytes.
+    Nothing is read until the caller touches the bytes. ``resolved=True`` says
+    ``path`` comes from ``resolve_inside`` (or ``ConfinedFolder``): it is not resolved again, and a link
+    put in its place since is refused (``O_NOFOLLOW``).
     """
-    resolved = confined(path, root)
-    fd, size = _open_regular(resolved, error, what, missing)
+    if resolved:
+        fd, size = _open_regular(path, error, what, missing, _O_FLAGS | _NOFOLLOW)
+    else:
+        path = confined(path, root)
+        fd, size = _open_regular(path, error, what, missing)
+    resolved_path = path
     try:
         return mmap.mmap(fd, size, access=mmap.ACCESS_READ) if size else b""
     except MemoryError:
-        raise error(f"{resolved}: not enough memory to map the {what}") from None
+        raise error(f"{resolved_path}: not enough memory to map the {what}") from None
     except (OSError, ValueError) as e:
-        raise error(f"{resolved}: cannot map the {what} ({_reason(e)})") from None
+        raise error(f"{resolved_path}: cannot map the {what} ({_reason(e)})") from None
     finally:
         os.close(fd)
 
@@ -209,11 +217,13 @@ def read_json_file(path: Path, *, limit: int = SMALL_JSON_LIMIT, root: Path | No
     return parse_json(text, path=path, error=error, what=what)
 
 
-def resolve_inside(root: Path, relative: str, *, what: str = "tensor path") -> Path:
+def resolve_inside(root: Path, relative: str, *, what: str = "tensor path", real_root: Path | None = None) -> Path:
     """Resolve a payload path from a trace JSON, refusing anything outside ``root``.
 
     Absolute paths, ``..`` components, NUL bytes, lone surrogates, symbolic
     link loops, the folder itself and links that lead out of it raise ``UnsafePathError``; nothing is opened.
+    ``real_root`` is ``root`` already resolved, for a caller that resolves many names in one folder
+    (a link's target is resolved each time).
     """
     place = "the trace directory" if what == "tensor path" else "the folder"
     if not isinstance(relative, str) or not relative:
@@ -229,8 +239,8 @@ def resolve_inside(root: Path, relative: str, *, what: str = "tensor path") -> P
     if any(part == ".." for part in Path(relative.replace("\\", "/")).parts):
         raise UnsafePathError(f"{root}: {what} {relative!r} leaves {place}; refused")
     try:
-        real_root = root.resolve()
-        resolved = (real_root / candidate).resolve()
+        real_root = real_root or root.resolve()
+        resolved = _resolved_child(real_root, candidate)
     except (OSError, RuntimeError, ValueError) as e:  # a symbolic link loop
         raise UnsafePathError(f"{root}: {what} {relative!r} cannot be resolved ({e}); refused") from None
     if resolved == real_root:
@@ -246,3 +256,27 @@ def _encodable(text: str) -> bool:
     except UnicodeEncodeError:  # a lone surrogate from JSON's \udXXX escapes
         return False
     return True
+
+
+def resolved_folder(root: Path) -> Path:
+    """``root`` resolved, for ``resolve_inside(..., real_root=)`` (``UnsafePathError`` when it cannot be)."""
+    try:
+        return root.resolve()
+    except (OSError, RuntimeError, ValueError) as e:
+        raise UnsafePathError(f"{root}: cannot resolve the folder ({e})") from None
+
+
+def _resolved_child(real_root: Path, candidate: Path) -> Path:
+    """``(real_root / candidate).resolve()``; a plain file right in the folder costs one ``lstat``, not a walk.
+
+    A name without ``/`` in a resolved folder resolves to itself unless it is a link (``.`` and ``..``
+    were refused before).
+    """
+    if len(candidate.parts) == 1:
+        path = real_root / candidate
+        try:
+            if not stat.S_ISLNK(os.lstat(path).st_mode):
+                return path
+        except OSError:
+            pass  # missing or unreadable: resolve() says what it says of such a name
+    return (real_root / candidate).resolve()

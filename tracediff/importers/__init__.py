@@ -52,7 +52,6 @@ from typing import Any
 
 from ..display import short_repr, summary_html
 from ..errors import DumpFormatError, TraceFormatError, UsageError
-from ..trace.ranks import is_multi_rank
 from .detect import KINDS, detect_kind
 
 __all__ = ["import_dump", "ImportResult", "KINDS", "detect_kind", "opened", "Opened"]
@@ -172,12 +171,12 @@ def opened(path: str | Path) -> Iterator[Opened]:
     reader's own error stands, and for a folder holding several dumps the
     ``DumpFormatError`` of :func:`detect_kind`.
     """
-    from ..trace.load import find_trace_json
+    from ..trace.load import find_trace_json, is_trace_folder
 
-    kind = detect_kind(path) if Path(path).is_file() else None  # a Polygraphy JSON, or a trace JSON (None)
-    if kind is None and is_multi_rank(path):  # read by align as one sharded trace
+    if is_trace_folder(path):  # a multi-rank folder is read by align as one sharded trace
         yield Opened(str(path), str(path))
         return
+    kind = detect_kind(path) if Path(path).is_file() else None  # a Polygraphy JSON, or a trace JSON (None)
     if kind is None:
         try:
             find_trace_json(path)

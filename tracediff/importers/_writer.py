@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
-import secrets
 import shutil
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -146,7 +145,7 @@ def staged_trace(out: Path, source: Path, *, overwrite: bool) -> Iterator[Path]:
     parent = out.absolute().parent
     try:
         parent.mkdir(parents=True, exist_ok=True)
-        staging = parent / f".{out.name}.{secrets.token_hex(6)}.importing"
+        staging = parent / f".{out.name}.{os.urandom(6).hex()}.importing"
         staging.mkdir()
     except OSError as e:
         raise OutputDirError(f"{out}: cannot write here ({e.strerror or e})") from None
@@ -163,7 +162,7 @@ def _install(staging: Path, out: Path) -> None:
     try:
         if out.is_dir():
             if any(out.iterdir()):
-                old = out.parent / f".{out.name}.{secrets.token_hex(6)}.replaced"
+                old = out.parent / f".{out.name}.{os.urandom(6).hex()}.replaced"
                 os.rename(out, old)
             else:
                 out.rmdir()

@@ -10,9 +10,8 @@ import json
 import math
 from typing import Any
 
-from tabulate import tabulate
-
 from ..alignment.result import Alignment, TensorComparison
+from .grid import grid
 from .matching import (
     argument_lines,
     pairing_counts,
@@ -213,8 +212,7 @@ def render_table(result: Alignment, *, all_rows: bool = False, context: int = 5,
     first = result.first_divergence
     sources = frozenset(r.order for r in result.sources)
     if shown:
-        table = tabulate([_cells(r, first, sources) for r in shown], headers=[""] + _HEADERS, tablefmt=tablefmt,
-                         disable_numparse=True)
+        table = _table([_cells(r, first, sources) for r in shown], [""] + _HEADERS, tablefmt)
         lines += ["", table]
         if not all_rows and len(shown) < len(result.rows):
             lines.append(f"({len(shown)} of {len(result.rows)} rows shown; --all shows every row)")
@@ -231,6 +229,13 @@ def render_markdown(result: Alignment, *, all_rows: bool = False, context: int =
     shown = _window(result, all_rows, context, focus)
     first = result.first_divergence
     sources = frozenset(r.order for r in result.sources)
-    table = tabulate([[markdown_text(cell) for cell in _cells(r, first, sources)] for r in shown],
-                     headers=[""] + _HEADERS, tablefmt="github", disable_numparse=True) if shown else ""
+    table = grid([[markdown_text(cell) for cell in _cells(r, first, sources)] for r in shown],
+                 [""] + _HEADERS, markdown=True) if shown else ""
     return f"{head}\n\n{table}\n"
+
+
+def _table(rows: list[list[str]], headers: list[str], tablefmt: str) -> str:
+    if tablefmt in ("simple", "github"):
+        return grid(rows, headers, markdown=tablefmt == "github")
+    from tabulate import tabulate  # any other of tabulate's formats, on request only
+    return str(tabulate(rows, headers=headers, tablefmt=tablefmt, disable_numparse=True))

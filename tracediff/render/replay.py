@@ -12,10 +12,9 @@ import json
 import math
 from typing import Any
 
-from tabulate import tabulate
-
 from ..replaying.result import Replay, ReplayedCall
 from .alignment import strict_json_value
+from .grid import grid
 from .text import markdown_text, printable
 
 _HEADERS = ["#", "module (B)", "call", "local max abs", "local rel rms", "x noise", "verdict", "culprit"]
@@ -90,7 +89,7 @@ def render_table(result: Replay, *, all_rows: bool = False) -> str:
     shown = _shown(result, all_rows)
     if shown:
         rows = [[printable(cell) for cell in _cells(c)] for c in shown]
-        lines += ["", tabulate(rows, headers=_HEADERS, tablefmt="simple", disable_numparse=True)]
+        lines += ["", grid(rows, _HEADERS)]
         if not all_rows and len(shown) < len(result.modules):
             lines.append(f"({len(shown)} of {len(result.modules)} calls shown; --all shows every call)")
     not_comparable = [c for c in result.modules if c.verdict == "not comparable"]
@@ -110,7 +109,7 @@ def render_markdown(result: Replay, *, all_rows: bool = False) -> str:
     head = "\n".join(f"- {markdown_text(line.strip())}" for line in headline(result))
     shown = _shown(result, all_rows)
     rows = [[markdown_text(cell) for cell in _cells(c)] for c in shown]
-    table = tabulate(rows, headers=_HEADERS, tablefmt="github", disable_numparse=True) if rows else ""
+    table = grid(rows, _HEADERS, markdown=True) if rows else ""
     skipped = "\n".join(f"- {markdown_text(f'{s.module_path_b} (call {s.call_index}): {s.reason}')}"
                         for s in result.skipped)
     return f"{head}\n\n{table}\n" + (f"\n**Skipped**\n\n{skipped}\n" if skipped else "")

@@ -12,9 +12,8 @@ import json
 import math
 from typing import Any
 
-from tabulate import tabulate
-
 from ..steps.result import StepComparison, StepDivergence, StepSummary
+from .grid import grid
 
 _HASH_WIDTH = 16
 
@@ -60,7 +59,7 @@ def _headline(result: StepComparison) -> str:
 
 def _divergence_text(d: StepDivergence) -> str:
     rows = [[row.name, _cell(row.name, row.a), _cell(row.name, row.b), _number(row.diff)] for row in d.stats]
-    table = tabulate(rows, headers=["", "A", "B", "B - A"], tablefmt="simple", disable_numparse=True)
+    table = grid(rows, ["", "A", "B", "B - A"])
     return f"first divergence: step {d.step}, rank {d.rank}, group {d.group}, {d.name}: {d.reason}\n{table}"
 
 
@@ -94,7 +93,7 @@ def _step_table(summaries: tuple[StepSummary, ...]) -> str:
         if incomplete:
             row.append(f"{'yes' if s.complete_a else 'no'}/{'yes' if s.complete_b else 'no'}")
         rows.append(row)
-    return tabulate(rows, headers=headers, tablefmt="simple", disable_numparse=True, colalign=align)
+    return grid(rows, headers, align=align)
 
 
 def _round_up(value: float) -> str:

@@ -27,10 +27,11 @@ from typing import TYPE_CHECKING, Any
 
 from .. import format as fmt
 from ..errors import PayloadError, TraceFormatError
-from ..files.confine import check_regular_file, resolve_inside
+from ..files.confine import check_regular_file, resolve_inside, resolved_folder
 from ..files.payloads import read_tensor_file
 from .frozen import frozen_builder
 from .model import Node, ReprValue, StepTokens, TensorRecord
+from .ranks import is_multi_rank
 from .reading import incomplete_reason, journal_of, read_tree
 from .validate import TreeChecker, value_problem
 
@@ -63,6 +64,7 @@ class Trace:
     layouts: dict[int, Any] = field(default_factory=dict, repr=False, compare=False)
     # payload reference -> its file, resolved inside the folder once: an alignment reads a payload several times
     _resolved: dict[str, Path] = field(default_factory=dict, init=False, repr=False, compare=False)
+    _real_directory: Path | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def model_name(self) -> str:
@@ -110,7 +112,10 @@ class Trace:
             raise TraceFormatError(f"{self.json_path}: {record.slot} has no payload")
         path = self._resolved.get(record.payload)
         if path is None:
-            path = self._resolved[record.payload] = resolve_inside(self.directory, record.payload)
+            if self._real_directory is None:
+                self._real_directory = resolved_folder(self.directory)
+            path = self._resolved[record.payload] = resolve_inside(self.directory, record.payload,
+                                                                   real_root=self._real_directory)
         return path
 
     def load(self, record: TensorRecord) -> torch.Tensor:
@@ -123,7 +128,7 @@ class Trace:
         """Read the payload of ``record`` with numpy, no torch (memory-mapped; a regular file inside the folder)."""
         from .payload import read_payload  # numpy is imported once a payload is read
 
-        return read_payload(self.payload_path(record), root=self.directory)
+        return read_payload(self.payload_path(record), root=self.directory, resolved=True)
 
     @property
     def incomplete_reason(self) -> str | None:
@@ -154,6 +159,20 @@ def find_trace_json(path: str | Path) -> Path:
         hint = ("; it holds payloads only: the capture that wrote them ended before its trace JSON or journal "
                 "was written")
     raise TraceFormatError(f"{p}: no *{fmt.FULL_SUFFIX} or *{fmt.SUMMARY_SUFFIX} found{hint}")
+
+
+def is_trace_folder(path: str | Path) -> bool:
+    """Whether ``path`` is a folder read as a trace as it is: one rank's trace (or a crashed capture's
+    journal), or a multi-rank folder; never another tool's dump, which the importers would take."""
+    if not Path(path).is_dir():
+        return False
+    if is_multi_rank(path):
+        return True
+    try:
+        find_trace_json(path)
+    except TraceFormatError:
+        return False
+    return True
 
 
 def load_trace(path: str | Path) -> Trace:

@@ -74,14 +74,17 @@ def is_complex(dtype: str) -> bool:
     return dtype.startswith("complex")
 
 
-def read_payload(path: Path, *, root: Path, key: str = PAYLOAD_KEY) -> Payload:
+def read_payload(path: Path, *, root: Path, key: str = PAYLOAD_KEY, resolved: bool = False) -> Payload:
     """The tensor ``key`` of the payload file ``path`` (inside ``root``), mapped read-only.
+
+    ``resolved=True``: ``path`` was resolved inside ``root`` already (``Trace.payload_path``).
 
     Raises ``PayloadError`` naming the file when it is missing, not a regular
     file, not a valid safetensors file, or lacks ``key``; ``PayloadFormatError``
     when a trace payload (``key`` ``data``) holds another key, or more than one tensor.
     """
-    data = map_regular_file(path, root=root, error=PayloadError, what="payload", missing="payload file is missing")
+    data = map_regular_file(path, root=root, error=PayloadError, what="payload", missing="payload file is missing",
+                            resolved=resolved)
     try:
         length = int.from_bytes(data[:8], "little")
         layouts = payload_layouts(data[:8 + min(length, PAYLOAD_HEADER_LIMIT)], len(data))

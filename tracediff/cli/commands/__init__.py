@@ -2,4 +2,7 @@
 
 from . import align, capture, demo, import_dump, plot, replay, show, steps
 
-ALL = [demo, capture, import_dump, show, align, replay, plot, steps]
+#: Each subcommand's module by the name it registers.
+BY_NAME = {"demo": demo, "capture": capture, import_dump.COMMAND: import_dump, "show": show, "align": align,
+           "replay": replay, "plot": plot, "steps": steps}
+ALL = list(BY_NAME.values())

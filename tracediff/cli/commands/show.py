@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     render = {"json": render_json, "csv": render_csv}.get(args.format, render_tree)
     with dumps_as_traces(args, "show", ("trace",)) as found, paused_gc():  # a line per call and tensor
         view = show_trace(args.trace, path=args.path, depth=args.depth)
-        if found["trace"].imported is not None:
+        if "trace" in found and found["trace"].imported is not None:
             view = dataclasses.replace(view, trace=found["trace"].given, json_file=found["trace"].given)
         text = render(view)
     emit(text, args.output)
