@@ -9,6 +9,8 @@ inputs, so ``attn`` runs only inside its layer's run.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from torch import nn
@@ -120,7 +122,7 @@ def trace(capture_ref):  # type: ignore[no-untyped-def]
 
 
 def test_a_wrong_call_paired_on_its_outputs_only_is_named_not_its_layer(trace):  # type: ignore[no-untyped-def]
-    result = tracediff.replay(port(o_transposed=True), trace, map=HAND_MAP)
+    result = tracediff.replay(port(o_transposed=True), trace, map=HAND_MAP, patch=True)
     assert [c.module_path_b for c in result.culprits] == ["Port.layers.1.attn"]
     assert result.verdict == "diverged" and not result.undecided
     attn = result.culprits[0]
@@ -130,6 +132,8 @@ def test_a_wrong_call_paired_on_its_outputs_only_is_named_not_its_layer(trace): 
     layer = next(c for c in result.modules if c.module_path_b == "Port.layers.1")
     assert layer.explained_by == ("Port.layers.1.attn",) and not layer.culprit
     assert not any(s.module_path_b.endswith(".attn") for s in result.skipped)
+    # A's output in attn's place in B's whole forward leaves only float32 rounding of the final error
+    assert attn.patch_effect is not None and attn.patch_effect > 99.0
 
 
 def test_a_right_call_paired_on_its_outputs_only_is_the_same_math(trace):  # type: ignore[no-untyped-def]
@@ -159,3 +163,21 @@ def test_a_call_is_not_judged_inside_a_run_where_a_call_before_it_differs(trace)
                                    "ran before it there: B differs")
     assert any(line.startswith("Port.layers.1 (call 0) differs, but Port.layers.1.attn inside it could not be "
                                "judged") for line in result.undecided)
+
+
+def wrong_port() -> nn.Module:
+    """SPEC for the command line: layer 1's output projection transposed."""
+    return port(o_transposed=True)
+
+
+def test_the_command_line_names_the_call_judged_inside_its_layer(trace, tmp_path, capsys):  # type: ignore[no-untyped-def]
+    from tracediff.cli.main import main
+
+    hand_map = tmp_path / "map.json"
+    hand_map.write_text(json.dumps(HAND_MAP))
+    spec = "tests.replaying.test_replay_inside:wrong_port"
+    assert main(["replay", str(trace), spec, "--map", str(hand_map), "--format", "json"]) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert report["verdict"] == "diverged" and report["undecided"] == []
+    assert [c["module_path_b"] for c in report["culprits"]] == ["Port.layers.1.attn"]
+    assert report["culprits"][0]["reason"].startswith("judged inside Port.layers.1's run on A's inputs")

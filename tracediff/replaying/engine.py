@@ -48,10 +48,10 @@ from ..trace.load import Trace, load_trace
 from ..trace.model import Node
 from .culprits import Candidate, decide, open_calls
 from .inputs import NotRebuildable, Target, output_slots, rebuild_inputs
-from .inside import blocker, host
+from .inside import blocker, host, outputs_in_run
 from .layout import bound_to
 from .oracle import NOISE_MULTIPLIER, float64_copy, oracle_device
-from .patching import Replacements, kept, patched
+from .patching import Replacements, patched
 from .placement import check_device, module_device, param_dtype, prepared
 from .result import NOT_COMPARABLE, Replay, ReplayedCall, SkippedCall
 from .runner import CallOutcome, CallSetup, inputs_not_equivalent, judged_outputs, replay_call
@@ -365,74 +365,44 @@ class _Job:
         if self.shadow.trace is None or not self.unrun:
             return
         replayed = {id(d.node_b): d for d in self.done if d.outcome.rows}  # the ones whose module ran
-        hosted: dict[int, list[tuple[Node, Node, str]]] = {}
-        for item in self.unrun:
-            around = host(item[1], replayed)
-            if around is not None and item[0].outputs() and item[1].relative_path in self.modules:
-                hosted.setdefault(id(around), []).append(item)
-        outputs: dict[int, tuple[Any, Any]] = {}  # B's call (by id) -> its output in its host's run, and the twin's
-        for key, items in hosted.items():
-            outputs.update(self._run_hosting(replayed[key], [b for _, b, _ in items]))
         verdicts = {id(d.node_b): d.outcome.verdict for d in self.done}
-        judged: dict[int, str] = {}
-        for node_a, node_b, reason in sorted(self.unrun, key=lambda item: item[1].enter_order):
+        settled: dict[int, str] = {}  # B's call (by id) -> "" once judged, else why it stays skipped
+        hosted: dict[int, dict[tuple[str, int], CallSetup]] = {}
+        known = self.partnered - {id(b) for _, b, _ in self.unrun}  # no verdict yet for the others
+        for node_a, node_b, reason in self.unrun:
             around = host(node_b, replayed)
-            if around is None or id(around) not in hosted:
+            if around is None or not node_a.outputs() or node_b.relative_path not in self.modules:
                 continue
-            why = inputs_not_equivalent(replayed[id(around)].setup) or \
-                blocker(node_b, around, self.partnered, verdicts)
-            if not why and id(node_b) not in outputs:
-                why = "it did not run there (the run raised)"
-            if why:
-                judged[id(node_b)] = f"{reason}; not judged inside {around.module_path}'s run either: {why}"
+            why = inputs_not_equivalent(replayed[id(around)].setup) or blocker(node_b, around, known, verdicts)
+            if why:  # settled before any rerun
+                settled[id(node_b)] = f"{reason}; not judged inside {around.module_path}'s run either: {why}"
                 continue
             setup = self._setup(node_a, node_b)
             assert setup is not None  # its module exists and A recorded its outputs (checked above)
-            output, exact = outputs[id(node_b)]
-            outcome = judged_outputs(setup, output, exact, oracle=self.oracle)
+            hosted.setdefault(id(around), {})[(node_b.relative_path, node_b.call_index)] = setup
+        outputs: dict[tuple[str, int], tuple[Any, Any]] = {}
+        for key, calls in hosted.items():
+            outputs.update(outputs_in_run(replayed[key].setup, calls, model=self.model, twin=lambda: self.twin,
+                                          index=_indexer(replayed[key].node_b), oracle=self.oracle))
+        for node_a, node_b, reason in sorted(self.unrun, key=lambda item: item[1].enter_order):
+            at = (node_b.relative_path, node_b.call_index)
+            around = host(node_b, replayed)
+            if around is None or id(node_b) in settled or at not in hosted.get(id(around), {}):
+                continue
+            why = blocker(node_b, around, self.partnered, verdicts) or \
+                ("" if at in outputs else "it did not run there (the run raised)")
+            if why:
+                settled[id(node_b)] = f"{reason}; not judged inside {around.module_path}'s run either: {why}"
+                continue
+            setup = hosted[id(around)][at]
+            outcome = judged_outputs(setup, *outputs[at], oracle=self.oracle)
             setup.tensors.clear()
             verdicts[id(node_b)] = outcome.verdict
             where = f"judged inside {around.module_path}'s run on A's inputs (it cannot run alone: {reason})"
             outcome.reason = f"{where}; {outcome.reason}" if outcome.reason else where
             self.done.append(_Done(node_a, node_b, setup, outcome, self.orders[id(node_b)]))
-            judged[id(node_b)] = ""
-        self._settle_unrun(judged)
-
-    def _run_hosting(self, done: _Done, children: list[Node]) -> dict[int, tuple[Any, Any]]:
-        """Rerun ``done``'s call on A's inputs, keeping what ``children`` produced there (and in its float64
-        run, made when one of them is out of tolerance)."""
-        index = _indexer(done.node_b)
-        wanted = {(child.relative_path, child.call_index) for child in children}
-        kept_b: dict[tuple[str, int], Any] = {}
-        kept_64: dict[tuple[str, int], Any] = {}
-
-        def out_of_tolerance() -> bool:
-            for child in children:
-                setup = self._setup_quietly(child)
-                produced = kept_b.get((child.relative_path, child.call_index))
-                if setup is not None and produced is not None and any(
-                        row.within_tolerance is False
-                        for row in judged_outputs(setup, produced, oracle=self.oracle).rows):
-                    return True
-            return False
-
-        def twin_keep() -> Any:  # called only once the float64 copy exists
-            assert self.twin is not None
-            return kept(self.twin, wanted, index, kept_64)
-
-        try:
-            replay_call(done.setup, oracle=self.oracle, patch=lambda: kept(self.model, wanted, index, kept_b),
-                        twin_patch=twin_keep, twin_wanted=out_of_tolerance)
-        except NotRebuildable:
-            return {}
-        finally:
-            done.setup.tensors.clear()
-        return {id(child): (kept_b[key], kept_64.get(key)) for child in children
-                if (key := (child.relative_path, child.call_index)) in kept_b}
-
-    def _setup_quietly(self, node_b: Node) -> CallSetup | None:
-        node_a = next((a for a, b, _ in self.unrun if b is node_b), None)
-        return self._setup(node_a, node_b) if node_a is not None else None
+            settled[id(node_b)] = ""
+        self._settle_unrun(settled)
 
     def _settle_unrun(self, judged: dict[int, str]) -> None:
         """Calls judged inside their parent's run leave the skipped ones; the others say why they were not."""

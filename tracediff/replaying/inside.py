@@ -16,10 +16,19 @@ calls, and calls of B with no partner in A, that feed them; a mistake there is n
 
 from __future__ import annotations
 
-from collections.abc import Container, Mapping
+from collections.abc import Callable, Container, Mapping
+from typing import Any
+
+from torch import nn
 
 from ..trace.model import Node
 from .culprits import PASSING
+from .inputs import NotRebuildable
+from .patching import kept
+from .runner import CallSetup, judged_outputs, replay_call
+
+#: ``(relative path, call index)`` of a call of B
+CallKey = tuple[str, int]
 
 
 def host(node_b: Node, replayed: Container[int]) -> Node | None:
@@ -56,3 +65,32 @@ def blocker(node_b: Node, around: Node, partnered: Container[int], verdicts: Map
         if verdict not in PASSING:
             return f"{node.module_path} (call {node.call_index}) ran before it there: {verdict}"
     return ""
+
+
+def outputs_in_run(host_setup: CallSetup, calls: dict[CallKey, CallSetup], *, model: nn.Module,
+                   twin: Callable[[], nn.Module | None], index: Callable[[str, int], int | None],
+                   oracle: bool) -> dict[CallKey, tuple[Any, Any]]:
+    """Rerun the host's call on A's inputs and keep what ``calls`` produced inside it: B's output and the
+    float64 twin's (None unless the twin ran: it runs when one of them is out of tolerance). ``twin`` gives
+    the whole float64 copy of ``model`` once it exists; ``index`` maps the k-th call of a path in the rerun
+    to its call index in B's forward. A call that did not run there is left out."""
+    kept_b: dict[CallKey, Any] = {}
+    kept_64: dict[CallKey, Any] = {}
+
+    def out_of_tolerance() -> bool:
+        return any(row.within_tolerance is False for key, setup in calls.items() if key in kept_b
+                   for row in judged_outputs(setup, kept_b[key], oracle=oracle).rows)
+
+    def twin_kept() -> Any:  # called only once the float64 copy exists
+        whole = twin()
+        assert whole is not None
+        return kept(whole, set(calls), index, kept_64)
+
+    try:
+        replay_call(host_setup, oracle=oracle, patch=lambda: kept(model, set(calls), index, kept_b),
+                    twin_patch=twin_kept, twin_wanted=out_of_tolerance)
+    except NotRebuildable:
+        return {}
+    finally:
+        host_setup.tensors.clear()
+    return {key: (output, kept_64.get(key)) for key, output in kept_b.items()}
