@@ -194,6 +194,7 @@ class _Job:
         self.undecided: list[str] = []
         self.unrun: list[tuple[Node, Node, str]] = []  # skipped calls that may hold a mistake (see _skip)
         self.partnered: set[int] = set()  # B's calls (by id) that pair with one of A's
+        self.orders: dict[int, int] = {}  # B's call (by id) -> its place among the paired calls, in B's order
 
     # --- matching -----------------------------------------------------------------------------------------
 
@@ -390,7 +391,7 @@ class _Job:
             if around is None or id(node_b) in settled or at not in hosted.get(id(around), {}):
                 continue
             why = blocker(node_b, around, self.partnered, verdicts) or \
-                ("" if at in outputs else "it did not run there (the run raised)")
+                ("" if at in outputs else "it did not run in that rerun (the run raised, or took another path)")
             if why:
                 settled[id(node_b)] = f"{reason}; not judged inside {around.module_path}'s run either: {why}"
                 continue
@@ -550,7 +551,7 @@ class _Job:
                 tensors=tuple(done.outcome.rows), verdict=done.outcome.verdict, reason=reason,
                 culprit=decision.culprit, explained_by=decision.explained_by,
                 patch_effect=self.patch_effects.get(key), seconds=done.outcome.seconds))
-        return _ranked(sorted(calls, key=lambda call: call.order))  # calls judged inside a parent come last
+        return _ranked(sorted(calls, key=lambda call: call.order))  # self.done ends with calls judged inside
 
 
 def _ranked(calls: list[ReplayedCall]) -> tuple[ReplayedCall, ...]:
