@@ -163,6 +163,7 @@ class _Done:
     setup: CallSetup
     outcome: CallOutcome
     order: int
+    host: _Done | None = None  # the call whose run judged it, for a call that cannot run alone (.inside)
 
 
 _OUTPUTS_ONLY = ("paired with A's call on its outputs only: its inputs are not the inputs A's call recorded "
@@ -401,7 +402,7 @@ class _Job:
             verdicts[id(node_b)] = outcome.verdict
             where = f"judged inside {around.module_path}'s run on A's inputs (it cannot run alone: {reason})"
             outcome.reason = f"{where}; {outcome.reason}" if outcome.reason else where
-            self.done.append(_Done(node_a, node_b, setup, outcome, self.orders[id(node_b)]))
+            self.done.append(_Done(node_a, node_b, setup, outcome, self.orders[id(node_b)], replayed[id(around)]))
             settled[id(node_b)] = ""
         self._settle_unrun(settled)
 
@@ -459,6 +460,8 @@ class _Job:
             child_done = self.done[child.key]
             replacements[(child_done.node_b.relative_path, child_done.node_b.call_index)] = \
                 self._recorded_outputs(child_done)
+        if done.host is not None:
+            return self._rerun_inside(done, done.host, replacements)
         index = _indexer(done.node_b)
         setup = done.setup
 
@@ -474,6 +477,17 @@ class _Job:
         finally:
             setup.tensors.clear()
         return outcome.verdict
+
+    def _rerun_inside(self, done: _Done, host_done: _Done, replacements: Replacements) -> str:
+        """The patched verdict of a call judged inside its host's run: the host rerun with ``replacements``."""
+        key = (done.node_b.relative_path, done.node_b.call_index)
+        outputs = outputs_in_run(host_done.setup, {key: done.setup}, model=self.model, twin=lambda: self.twin,
+                                 index=_indexer(host_done.node_b), oracle=self.oracle, replacements=replacements)
+        try:
+            return judged_outputs(done.setup, *outputs[key], oracle=self.oracle).verdict if key in outputs \
+                else done.outcome.verdict
+        finally:
+            done.setup.tensors.clear()
 
     def _final_error(self, output: Any) -> dict[str, Any] | None:
         """The error of B's whole forward (on A's inputs) against A's recorded final outputs."""

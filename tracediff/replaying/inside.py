@@ -16,7 +16,8 @@ calls, and calls of B with no partner in A, that feed them; a mistake there is n
 
 from __future__ import annotations
 
-from collections.abc import Callable, Container, Mapping
+from collections.abc import Callable, Container, Iterator, Mapping
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
 from torch import nn
@@ -24,7 +25,7 @@ from torch import nn
 from ..trace.model import Node
 from .culprits import PASSING
 from .inputs import NotRebuildable
-from .patching import kept
+from .patching import Replacements, kept, patched
 from .runner import CallSetup, judged_outputs, replay_call
 
 #: ``(relative path, call index)`` of a call of B
@@ -69,13 +70,22 @@ def blocker(node_b: Node, around: Node, partnered: Container[int], verdicts: Map
 
 def outputs_in_run(host_setup: CallSetup, calls: dict[CallKey, CallSetup], *, model: nn.Module,
                    twin: Callable[[], nn.Module | None], index: Callable[[str, int], int | None],
-                   oracle: bool) -> dict[CallKey, tuple[Any, Any]]:
+                   oracle: bool, replacements: Replacements | None = None) -> dict[CallKey, tuple[Any, Any]]:
     """Rerun the host's call on A's inputs and keep what ``calls`` produced inside it: B's output and the
     float64 twin's (None unless the twin ran: it runs when one of them is out of tolerance). ``twin`` gives
     the whole float64 copy of ``model`` once it exists; ``index`` maps the k-th call of a path in the rerun
-    to its call index in B's forward. A call that did not run there is left out."""
+    to its call index in B's forward; ``replacements``: calls whose outputs are A's in that run (culprits
+    inside a call judged there, to see whether they explain it). A call that did not run there is left out."""
     kept_b: dict[CallKey, Any] = {}
     kept_64: dict[CallKey, Any] = {}
+
+    @contextmanager
+    def hooked(whole: nn.Module, into: dict[CallKey, Any]) -> Iterator[None]:
+        with ExitStack() as stack:
+            if replacements:
+                stack.enter_context(patched(whole, replacements, index))
+            stack.enter_context(kept(whole, set(calls), index, into))
+            yield
 
     def out_of_tolerance() -> bool:
         return any(row.within_tolerance is False for key, setup in calls.items() if key in kept_b
@@ -84,10 +94,10 @@ def outputs_in_run(host_setup: CallSetup, calls: dict[CallKey, CallSetup], *, mo
     def twin_kept() -> Any:  # called only once the float64 copy exists
         whole = twin()
         assert whole is not None
-        return kept(whole, set(calls), index, kept_64)
+        return hooked(whole, kept_64)
 
     try:
-        replay_call(host_setup, oracle=oracle, patch=lambda: kept(model, set(calls), index, kept_b),
+        replay_call(host_setup, oracle=oracle, patch=lambda: hooked(model, kept_b),
                     twin_patch=twin_kept, twin_wanted=out_of_tolerance)
     except NotRebuildable:
         return {}
