@@ -14,7 +14,8 @@ import pytest
 from tests.ports.harness import INSTALL, MODES, cases
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "accuracy.md"
-FILES = ("whisper", "esm", "transformer_lens", "transformer_lens_llama", "torchtune", "torchtune_gemma2",
+FILES = ("whisper", "esm", "transformer_lens", "transformer_lens_llama", "transformer_lens_neox",
+         "transformer_lens_bloom", "torchtune", "torchtune_phi3", "torchtune_qwen2", "torchtune_t5", "torchtune_gemma2",
          "research_llama", "research_vit")
 
 

@@ -106,12 +106,7 @@ PORT = Port(
     ops_in=("transformer.h.0.input_layernorm", "blocks.0.ln1"),
 )
 
-WRONG: dict[tuple[str, str], str] = {
-    ("o-transposed", "replay"): "transformer-lens's attn pairs with transformers' self_attention.dense on its outputs "
-                                "only (self_attention adds the residual inside, dense takes the attention's result): "
-                                "A recorded no call with attn's inputs, so replay cannot run attn, and blocks.1 "
-                                "around it is undecided",
-}
+WRONG: dict[tuple[str, str], str] = {}
 
 
 run, test_verdict = verdict_tests(PORT, WRONG)

@@ -223,14 +223,32 @@ def test_an_undecided_replay_exits_1_and_says_why(capture_ref, capsys):  # type:
     assert "  ArmedNet (call 0) differs, but ArmedNet.inner inside it could not be judged" in out
 
 
+def test_a_call_paired_on_its_outputs_only_is_judged_inside_its_parents_run(capture_ref):  # type: ignore[no-untyped-def]
+    from tests.replaying import ports
+
+    trace = capture_ref("toy-net", ports.net, torch.randn(2, 4, generator=torch.Generator().manual_seed(0)))
+    # the map sets blocks.1's inputs aside: it pairs on its outputs only and cannot run alone; Net's run on
+    # A's inputs runs it after embed and blocks.0, both the same math
+    setting_aside = {"slots": [["^blocks\\.1$", "inputs", None]]}
+    result = tracediff.replay(ports.net(ports.LeakyResidualBlock), trace, map=setting_aside)
+    assert not any(s.module_path_b == "Net.blocks.1" for s in result.skipped)
+    assert [c.module_path_b for c in result.culprits] == ["Net.blocks.1"] and result.verdict == "diverged"
+    assert result.culprits[0].reason.startswith("judged inside Net's run on A's inputs (it cannot run alone: "
+                                                "paired with A's call on its outputs only")
+
+
 def test_a_difference_around_a_call_paired_on_its_outputs_only_is_undecided(capture_ref):  # type: ignore[no-untyped-def]
     from tests.replaying import ports
 
     trace = capture_ref("toy-net", ports.net, torch.randn(2, 4, generator=torch.Generator().manual_seed(0)))
-    # the map sets blocks.1's inputs aside: it pairs on its outputs only and is not replayed
     setting_aside = {"slots": [["^blocks\\.1$", "inputs", None]]}
-    result = tracediff.replay(ports.net(ports.LeakyResidualBlock), trace, map=setting_aside)
-    assert any(s.module_path_b == "Net.blocks.1" for s in result.skipped)
-    assert not result.culprits and result.verdict == "undecided"
+    model = ports.net(ports.LeakyResidualBlock)
+    with torch.no_grad():
+        model.blocks[0].fc.weight.mul_(1.1)  # blocks.1's inputs in Net's run are not A's: it cannot be judged there
+    result = tracediff.replay(model, trace, map=setting_aside)
+    skipped = next(s for s in result.skipped if s.module_path_b == "Net.blocks.1")
+    assert skipped.reason.endswith("; not judged inside Net's run either: Net.blocks.0 (call 0) ran before it "
+                                   "there: B differs")
+    assert [c.module_path_b for c in result.culprits] == ["Net.blocks.0.fc"]
     assert result.undecided[0].startswith("Net (call 0) differs, but Net.blocks.1 inside it could not be judged "
                                           "(not replayed: paired with A's call on its outputs only")

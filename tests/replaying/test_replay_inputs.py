@@ -27,11 +27,18 @@ def test_a_repr_only_input_is_skipped_with_the_reason(tmp_path: Path) -> None:
     model = ports.kwargs_net(extra=ports.Opaque())
     with torch.no_grad(), tracediff.capture(model, tmp_path / "ref"):
         model(ports.toy_input())
-    result = tracediff.replay(ports.kwargs_net(extra=ports.Opaque()), tmp_path / "ref")
+    # replayed without the call around it, the scaler cannot run
+    result = tracediff.replay(ports.kwargs_net(extra=ports.Opaque()), tmp_path / "ref", modules="scaler*")
     (skipped,) = result.skipped
     assert (skipped.module_path_b, skipped.call_index) == ("KwargsNet.scaler", 0)
     assert skipped.reason == "inputs.kwargs.extra is known only by its repr (Opaque())"
-    assert [c.module_path_b for c in result.modules] == ["KwargsNet", "KwargsNet.scaler.proj"]
+    assert [c.module_path_b for c in result.modules] == ["KwargsNet.scaler.proj"]
+    # the whole model replayed: the scaler is judged inside the root's run, which passes it B's own object
+    result = tracediff.replay(ports.kwargs_net(extra=ports.Opaque()), tmp_path / "ref")
+    assert result.skipped == () and result.passed
+    assert [c.module_path_b for c in result.modules] == ["KwargsNet", "KwargsNet.scaler", "KwargsNet.scaler.proj"]
+    assert result.modules[1].reason == ("judged inside KwargsNet's run on A's inputs (it cannot run alone: "
+                                        "inputs.kwargs.extra is known only by its repr (Opaque()))")
 
 
 def test_position_embeddings_tuple_reaches_attention(capture_ref):  # type: ignore[no-untyped-def]

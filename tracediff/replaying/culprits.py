@@ -13,7 +13,8 @@ Each culprit thus stands on its own local error, even with two bugs, and
 even when the first bug is benign.
 
 A call that could not be judged (``not comparable``: B's module raised, an
-output is missing) inside a candidate may hold the mistake: the candidate is
+output is missing; or not run alone, and not judged inside its parent's run
+either, :mod:`.inside`) inside a candidate may hold the mistake: the candidate is
 then not named (replay descends into its children rather than naming the
 parent) but **undecided**, with the unjudged call and its reason, unless a
 call between them was judged the same math.

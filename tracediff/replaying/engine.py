@@ -18,6 +18,7 @@ A short tour::
    RNG seeded, on A's recorded inputs (:mod:`.inputs`), and its outputs are
    compared with A's: the module's *local* error, free of everything upstream
    (:mod:`.runner`). Parents are replayed too: they rerun their children.
+   A call that cannot run alone is judged inside its parent's run (:mod:`.inside`).
 4. The float64 oracle (:mod:`.oracle`) says whether a difference is B's
    math or B's precision.
 5. Culprits are the innermost calls whose math differs (:mod:`.culprits`);
@@ -31,7 +32,7 @@ import fnmatch
 import math
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -47,12 +48,13 @@ from ..trace.load import Trace, load_trace
 from ..trace.model import Node
 from .culprits import Candidate, decide, open_calls
 from .inputs import NotRebuildable, Target, output_slots, rebuild_inputs
+from .inside import blocker, host, outputs_in_run
 from .layout import bound_to
 from .oracle import NOISE_MULTIPLIER, float64_copy, oracle_device
 from .patching import Replacements, patched
 from .placement import check_device, module_device, param_dtype, prepared
 from .result import NOT_COMPARABLE, Replay, ReplayedCall, SkippedCall
-from .runner import CallOutcome, CallSetup, replay_call
+from .runner import CallOutcome, CallSetup, inputs_not_equivalent, judged_outputs, replay_call
 from .shadow import ShadowRun, seed_rng, shadow_run
 
 
@@ -161,6 +163,7 @@ class _Done:
     setup: CallSetup
     outcome: CallOutcome
     order: int
+    host: _Done | None = None  # the call whose run judged it, for a call that cannot run alone (.inside)
 
 
 _OUTPUTS_ONLY = ("paired with A's call on its outputs only: its inputs are not the inputs A's call recorded "
@@ -191,6 +194,8 @@ class _Job:
         self.patch_effects: dict[int, float] = {}
         self.undecided: list[str] = []
         self.unrun: list[tuple[Node, Node, str]] = []  # skipped calls that may hold a mistake (see _skip)
+        self.partnered: set[int] = set()  # B's calls (by id) that pair with one of A's
+        self.orders: dict[int, int] = {}  # B's call (by id) -> its place among the paired calls, in B's order
 
     # --- matching -----------------------------------------------------------------------------------------
 
@@ -240,6 +245,7 @@ class _Job:
             for a, b in matching.pairs:
                 if a.phase != "forward":
                     continue
+                self.partnered.add(id(b))
                 if (id(a), id(b)) in matching.outputs_only or inputs_set_aside(a, b, self.slots):
                     self._skip(a, b, _OUTPUTS_ONLY, unjudged=True)
                     continue
@@ -285,20 +291,23 @@ class _Job:
 
     def run(self, patterns: list[str], progress: bool) -> None:
         self._shadow()
-        pairs = list(enumerate(sorted(self._pairs(), key=lambda pair: pair[1].enter_order)))
+        pairs = sorted(self._pairs(), key=lambda pair: pair[1].enter_order)
+        everything = pairs + [(a, b) for a, b, _ in self.unrun]  # a call judged inside its parent has its place
+        self.orders = {id(b): i for i, (_, b) in enumerate(sorted(everything, key=lambda pair: pair[1].enter_order))}
         if patterns:
-            pairs = [p for p in pairs if _selected(p[1], patterns)]
+            pairs = [p for p in pairs if _selected(p, patterns)]
             if not pairs:
                 raise UsageError(f"--modules {' '.join(patterns)}: matches no replayable module call")
         bar = _progress_bar(progress, len(pairs))
         try:
-            for order, (node_a, node_b) in pairs:
-                self._replay_one(order, node_a, node_b)
+            for node_a, node_b in pairs:
+                self._replay_one(self.orders[id(node_b)], node_a, node_b)
                 if bar is not None:
                     bar.update(1)
         finally:
             if bar is not None:
                 bar.close()
+        self._judge_inside()
         self._decide()
 
     def _skip(self, node_a: Node, node_b: Node, reason: str, *, unjudged: bool = False) -> None:
@@ -350,6 +359,66 @@ class _Job:
             setup.tensors.clear()  # payloads are read again only for culprits
         self.done.append(_Done(node_a, node_b, setup, outcome, order))
 
+    # --- calls that cannot run alone, judged inside their parent's run --------------------------------------
+
+    def _judge_inside(self) -> None:
+        """Judge each call that could not run alone inside the run of the innermost replayed call around it,
+        when every paired call before it there was judged the same math (:mod:`.inside`)."""
+        if self.shadow.trace is None or not self.unrun:
+            return
+        replayed = {id(d.node_b): d for d in self.done if d.outcome.rows}  # the ones whose module ran
+        verdicts = {id(d.node_b): d.outcome.verdict for d in self.done}
+        settled: dict[int, str] = {}  # B's call (by id) -> "" once judged, else why it stays skipped
+        hosted: dict[int, dict[tuple[str, int], CallSetup]] = {}
+        known = self.partnered - {id(b) for _, b, _ in self.unrun}  # no verdict yet for the others
+        for node_a, node_b, reason in self.unrun:
+            around = host(node_b, replayed)
+            if around is None or not node_a.outputs() or node_b.relative_path not in self.modules:
+                continue
+            why = inputs_not_equivalent(replayed[id(around)].setup) or blocker(node_b, around, known, verdicts)
+            if why:  # settled before any rerun
+                settled[id(node_b)] = f"{reason}; not judged inside {around.module_path}'s run either: {why}"
+                continue
+            setup = self._setup(node_a, node_b)
+            assert setup is not None  # its module exists and A recorded its outputs (checked above)
+            hosted.setdefault(id(around), {})[(node_b.relative_path, node_b.call_index)] = setup
+        outputs: dict[tuple[str, int], tuple[Any, Any]] = {}
+        for key, calls in hosted.items():
+            outputs.update(outputs_in_run(replayed[key].setup, calls, model=self.model, twin=lambda: self.twin,
+                                          index=_indexer(replayed[key].node_b), oracle=self.oracle))
+        for node_a, node_b, reason in sorted(self.unrun, key=lambda item: item[1].enter_order):
+            at = (node_b.relative_path, node_b.call_index)
+            around = host(node_b, replayed)
+            if around is None or id(node_b) in settled or at not in hosted.get(id(around), {}):
+                continue
+            why = blocker(node_b, around, self.partnered, verdicts) or \
+                ("" if at in outputs else "it did not run in that rerun (the run raised, or took another path)")
+            if why:
+                settled[id(node_b)] = f"{reason}; not judged inside {around.module_path}'s run either: {why}"
+                continue
+            setup = hosted[id(around)][at]
+            outcome = judged_outputs(setup, *outputs[at], oracle=self.oracle)
+            setup.tensors.clear()
+            verdicts[id(node_b)] = outcome.verdict
+            where = f"judged inside {around.module_path}'s run on A's inputs (it cannot run alone: {reason})"
+            outcome.reason = f"{where}; {outcome.reason}" if outcome.reason else where
+            self.done.append(_Done(node_a, node_b, setup, outcome, self.orders[id(node_b)], replayed[id(around)]))
+            settled[id(node_b)] = ""
+        self._settle_unrun(settled)
+
+    def _settle_unrun(self, judged: dict[int, str]) -> None:
+        """Calls judged inside their parent's run leave the skipped ones; the others say why they were not."""
+        by_path = {(b.module_path, b.call_index): judged[id(b)] for _, b, _ in self.unrun if id(b) in judged}
+        self.unrun = [(a, b, judged.get(id(b)) or reason) for a, b, reason in self.unrun if judged.get(id(b)) != ""]
+        skipped = []
+        for call in self.skipped:
+            why = by_path.get((call.module_path_b, call.call_index))
+            if why is None:
+                skipped.append(call)
+            elif why:
+                skipped.append(replace(call, reason=why))
+        self.skipped = skipped
+
     # --- culprits and patches -----------------------------------------------------------------------------
 
     def _decide(self) -> None:
@@ -391,12 +460,9 @@ class _Job:
             child_done = self.done[child.key]
             replacements[(child_done.node_b.relative_path, child_done.node_b.call_index)] = \
                 self._recorded_outputs(child_done)
-        order = _call_order(done.node_b)
-
-        def index(path: str, k: int) -> int | None:
-            calls = order.get(path, [])
-            return calls[k] if k < len(calls) else None
-
+        if done.host is not None:
+            return self._rerun_inside(done, done.host, replacements)
+        index = _indexer(done.node_b)
         setup = done.setup
 
         def twin_patch() -> Any:  # called only once the float64 copy exists
@@ -411,6 +477,17 @@ class _Job:
         finally:
             setup.tensors.clear()
         return outcome.verdict
+
+    def _rerun_inside(self, done: _Done, host_done: _Done, replacements: Replacements) -> str:
+        """The patched verdict of a call judged inside its host's run: the host rerun with ``replacements``."""
+        key = (done.node_b.relative_path, done.node_b.call_index)
+        outputs = outputs_in_run(host_done.setup, {key: done.setup}, model=self.model, twin=lambda: self.twin,
+                                 index=_indexer(host_done.node_b), oracle=self.oracle, replacements=replacements)
+        try:
+            return judged_outputs(done.setup, *outputs[key], oracle=self.oracle).verdict if key in outputs \
+                else done.outcome.verdict
+        finally:
+            done.setup.tensors.clear()
 
     def _final_error(self, output: Any) -> dict[str, Any] | None:
         """The error of B's whole forward (on A's inputs) against A's recorded final outputs."""
@@ -488,7 +565,7 @@ class _Job:
                 tensors=tuple(done.outcome.rows), verdict=done.outcome.verdict, reason=reason,
                 culprit=decision.culprit, explained_by=decision.explained_by,
                 patch_effect=self.patch_effects.get(key), seconds=done.outcome.seconds))
-        return _ranked(calls)
+        return _ranked(sorted(calls, key=lambda call: call.order))  # self.done ends with calls judged inside
 
 
 def _ranked(calls: list[ReplayedCall]) -> tuple[ReplayedCall, ...]:
@@ -503,12 +580,16 @@ def _ranked(calls: list[ReplayedCall]) -> tuple[ReplayedCall, ...]:
     return tuple(replace(c, rank=ranks[id(c)]) if c.culprit else c for c in calls)
 
 
-def _call_order(node: Node) -> dict[str, list[int]]:
-    """For each path under (and including) ``node``: its call indices in the order they run."""
+def _indexer(node: Node) -> Callable[[str, int], int | None]:
+    """For a rerun of ``node``'s call: the k-th call of a path in that run -> its call index in B's forward."""
     order: dict[str, list[int]] = {}
     for item in node.walk():
         order.setdefault(item.relative_path, []).append(item.call_index)
-    return order
+
+    def index(path: str, k: int) -> int | None:
+        calls = order.get(path, [])
+        return calls[k] if k < len(calls) else None
+    return index
 
 
 def _selected(pair: tuple[Node, Node], patterns: list[str]) -> bool:

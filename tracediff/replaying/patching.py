@@ -1,9 +1,11 @@
-"""Replacing chosen module calls' outputs with A's recorded outputs while B runs.
+"""Replacing chosen module calls' outputs with A's recorded outputs while B runs, or keeping them.
 
-Used twice: to check that a parent's local error is explained by its culprit
-children (rerun the parent with their outputs replaced by A's), and, with
-``patch=True``, to measure how much of the model's final-output error
-disappears when one culprit's output is replaced by A's.
+Replacing is used twice: to check that a parent's local error is explained by
+its culprit children (rerun the parent with their outputs replaced by A's),
+and, with ``patch=True``, to measure how much of the model's final-output
+error disappears when one culprit's output is replaced by A's. Keeping
+(``kept``) gives what a call that cannot run alone produced inside its
+parent's run (:mod:`.inside`).
 """
 
 from __future__ import annotations
@@ -59,6 +61,34 @@ def patched(model: nn.Module, replacements: Replacements,
     try:
         for module in model.modules():
             if paths.get(id(module)) in wanted:
+                handles.append(module.register_forward_hook(hook))
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+@contextmanager
+def kept(model: nn.Module, wanted: set[tuple[str, int]], call_index: Callable[[str, int], int | None],
+         into: dict[tuple[str, int], Any]) -> Iterator[None]:
+    """Within the block, the outputs of the chosen calls of ``model``'s submodules go into ``into`` under
+    ``(relative path, call index)``; ``call_index`` as for ``patched``. The outputs are left unchanged."""
+    paths = module_paths(model)
+    wanted_paths = {path for path, _ in wanted}
+    counts: defaultdict[str, int] = defaultdict(int)
+    handles = []
+
+    def hook(module: nn.Module, args: Any, output: Any) -> None:
+        path = paths.get(id(module), "")
+        k = counts[path]
+        counts[path] += 1
+        index = call_index(path, k)
+        if index is not None and (path, index) in wanted:
+            into[(path, index)] = output
+
+    try:
+        for module in model.modules():
+            if paths.get(id(module)) in wanted_paths:
                 handles.append(module.register_forward_hook(hook))
         yield
     finally:

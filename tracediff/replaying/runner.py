@@ -84,8 +84,13 @@ class CallOutcome:
 
 
 def replay_call(setup: CallSetup, *, oracle: bool, patch: Callable[[], Any] | None = None,
-                twin_patch: Callable[[], Any] | None = None) -> CallOutcome:
-    """Run B's module (and its float64 twin) on A's inputs; raises ``NotRebuildable`` when the inputs cannot be."""
+                twin_patch: Callable[[], Any] | None = None, twin_wanted: Callable[[], bool] | None = None
+                ) -> CallOutcome:
+    """Run B's module (and its float64 twin) on A's inputs; raises ``NotRebuildable`` when the inputs cannot be.
+
+    ``patch`` and ``twin_patch`` give a context entered around B's run and the twin's; ``twin_wanted`` asks,
+    after B's run, for the float64 run even when this call's own rows are within tolerance (a call judged
+    inside this run needs it)."""
     started = time.perf_counter()
     # A's own layout first; when B's module does not take it, B's own layout filled with A's values
     in_b_layout, out_slots = False, None
@@ -111,7 +116,7 @@ def replay_call(setup: CallSetup, *, oracle: bool, patch: Callable[[], Any] | No
     if out_slots is None and setup.node_b is not None and not set(recorded) <= set(produced_b):
         out_slots = output_partners(setup.node_a, setup.node_b, setup.parameters)  # ``outputs`` as ``outputs.0``
     produced = _under_a_slots(produced_b, out_slots, recorded)
-    mismatched_inputs = _inputs_not_equivalent(setup)
+    mismatched_inputs = inputs_not_equivalent(setup)
 
     def rows_with(exact: dict[str, torch.Tensor], oracle_error: str = "") -> list[ReplayedTensor]:
         return [_row(setup, record, recorded.get(record.slot), produced.get(record.slot), exact.get(record.slot),
@@ -120,7 +125,8 @@ def replay_call(setup: CallSetup, *, oracle: bool, patch: Callable[[], Any] | No
 
     rows = rows_with({})
     # The float64 run only matters for rows out of tolerance: a row within it is the same math already.
-    twin = setup.twin() if oracle and any(row.within_tolerance is False for row in rows) else None
+    wanted = any(row.within_tolerance is False for row in rows) or (twin_wanted is not None and twin_wanted())
+    twin = setup.twin() if oracle and wanted else None
     if twin is not None:
         try:
             if in_b_layout:
@@ -136,6 +142,22 @@ def replay_call(setup: CallSetup, *, oracle: bool, patch: Callable[[], Any] | No
             rows = rows_with({}, f"the float64 run raised {_describe_error(e)}")
     verdict, reason = _call_verdict(rows, oracle)
     return CallOutcome(rows, verdict, reason, time.perf_counter() - started)
+
+
+def judged_outputs(setup: CallSetup, output: Any, exact: Any = None, *, oracle: bool) -> CallOutcome:
+    """The rows and verdict of ``setup``'s call from outputs produced elsewhere (inside its parent's run):
+    B's ``output`` and, when the float64 run was made, its ``exact`` output, against A's recorded outputs."""
+    recorded = setup.recorded_outputs()
+    produced_b = dict(output_slots(output))
+    out_slots = None
+    if setup.node_b is not None and not set(recorded) <= set(produced_b):
+        out_slots = output_partners(setup.node_a, setup.node_b, setup.parameters)
+    produced = _under_a_slots(produced_b, out_slots, recorded)
+    exacts = _under_a_slots(dict(output_slots(exact)), out_slots, recorded) if exact is not None else {}
+    rows = [_row(setup, record, recorded.get(record.slot), produced.get(record.slot), exacts.get(record.slot),
+                 oracle=oracle, oracle_error="", not_equivalent="") for record in setup.node_a.outputs()]
+    verdict, reason = _call_verdict(rows, oracle)
+    return CallOutcome(rows, verdict, reason, 0.0)
 
 
 def _under_a_slots(produced: dict[str, torch.Tensor], out_slots: dict[str, str] | None,
@@ -161,7 +183,7 @@ def _moved(value: Any, target: Target) -> Any:
     return substitute(value, lambda _slot, t: cast(t, target.dtype if t.is_floating_point() else None, target.device))
 
 
-def _inputs_not_equivalent(setup: CallSetup) -> str:
+def inputs_not_equivalent(setup: CallSetup) -> str:
     """Why A's inputs are not what B's own forward gives this call, when a tensor of B's is None in A."""
     if setup.node_b is None:
         return ""
