@@ -144,7 +144,8 @@ def test_align_and_show_of_mlx_traces_import_neither_torch_nor_mlx(tmp_path: Pat
 def test_align_of_two_small_trace_folders_loads_only_what_it_uses() -> None:
     """The levers of a small alignment's start-up stay pulled: its table is written without tabulate (whose
     import pulls wcwidth and importlib.metadata), a trace folder is not offered to the dump importers, a
-    small pair is compared without a thread pool, and only the command being run builds its options."""
+    small pair is compared without a thread pool, one-rank traces load nothing of sharded or distributed
+    alignments, and only the command being run builds its options."""
     ref, bug = str(FIXTURES / "llama_tiny" / "ref"), str(FIXTURES / "llama_tiny" / "port_bug")
     probe = textwrap.dedent(f"""
         import contextlib, io, sys
@@ -154,7 +155,8 @@ def test_align_of_two_small_trace_folders_loads_only_what_it_uses() -> None:
         cli.build_parser = lambda command=None: built.append(command) or build(command)
         with contextlib.redirect_stdout(io.StringIO()):
             code = cli.main(["align", {ref!r}, {bug!r}])
-        loaded = ["tabulate", "wcwidth", "tracediff.importers", "concurrent.futures"]
+        loaded = ["tabulate", "wcwidth", "tracediff.importers", "concurrent.futures", "tracediff.sharding",
+                  "tracediff.alignment.distributed", "tracediff.alignment.sharded"]
         print(code, built, [m for m in loaded if m in sys.modules])
     """)
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, check=True)

@@ -38,18 +38,17 @@ import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..compare.measurement import Measurement
 from ..compare.records import compare_records
 from ..compare.tolerance import Tolerance, TolerancePolicy
 from ..errors import UsageError
 from ..maps.rules import _UNSET, MapSpec, map_argument, read_map
-from ..sharding import ShardedTrace, ShardRules, is_multi_rank, load_sharded, read_rules
 from ..trace.load import Trace, load_trace
 from ..trace.model import Node, TensorRecord
+from ..trace.ranks import is_multi_rank
 from .decode_steps import restrict_steps, set_steps, step_count, summarize_steps
-from .distributed import Group, distributed_run, measure_where_stored, shared, strip_of
 from .lm_verdicts import annotate_rows, check_logits_patterns, position_strip, reread_jobs, sequence_axes
 from .ops import annotate_op_rows, pair_ops
 from .pairing.permuted import decide_orders
@@ -58,17 +57,35 @@ from .pairing.producers import likely_source
 from .pairing.unrecorded import carry_origin, mark_unrecorded_origin
 from .result import Alignment, Job, TensorComparison, Unmatched
 from .rows import RowDraft, draft_row, freeze_rows
-from .sharded import findings, name_ranks, place_unrecorded
 from .token_choices import compare_tokens
 from .verdicts.apply import check_ignore, judge
 from .verdicts.arguments import diff_arguments
 from .verdicts.noise import DEFAULT_NOISE_FACTOR
 from .verdicts.sources import role
 
+if TYPE_CHECKING:  # sharded and distributed alignments import their modules when they happen
+    from ..sharding import ShardRules
+    from .distributed import Group
+
 TraceLike = str | Path | Trace
 
 _ELEMENT_BYTES = {"float64": 8, "int64": 8, "complex64": 8, "float32": 4, "int32": 4, "float16": 2,
                   "bfloat16": 2, "int16": 2}
+
+
+def _shard_rules(shards: str | Path | ShardRules | None) -> ShardRules | None:
+    """``--shards``: the declared layouts, read from their file when given as one."""
+    if shards is None or not isinstance(shards, (str, Path)):
+        return shards
+    from ..sharding import read_rules
+
+    return read_rules(shards)
+
+
+def _strip_of(merged: Any, first: TensorComparison, job: Job, trace_b: Trace) -> Any:
+    from .distributed import strip_of
+
+    return strip_of(merged, first, job, trace_b)
 
 
 def _load_sides(a: TraceLike, b: TraceLike, baseline: TraceLike | None, shards: ShardRules | None = None
@@ -86,12 +103,17 @@ def _load_sides(a: TraceLike, b: TraceLike, baseline: TraceLike | None, shards: 
         except (OSError, ValueError, RuntimeError):  # a NUL byte, a symlink loop: load_trace says what is wrong
             return load_trace(value)
         if key not in loaded:
-            loaded[key] = load_sharded(value, shards=shards) if is_multi_rank(value) else load_trace(value)
+            if is_multi_rank(value):
+                from ..sharding import load_sharded
+
+                loaded[key] = load_sharded(value, shards=shards)
+            else:
+                loaded[key] = load_trace(value)
         return loaded[key]
 
     sides = get(a), get(b), (get(baseline) if baseline is not None else None)
     if shards is not None:
-        if not any(isinstance(side, ShardedTrace) for side in sides):
+        if not any(side is not None and side.sharded for side in sides):
             raise UsageError(f"{shards.source}: declared layouts need a multi-rank trace; neither trace is one")
         shards.check_used()
     return sides
@@ -181,6 +203,8 @@ def align(
         result = _align(a, b, None, **options)
         assert result is not None
         return result
+    from .distributed import distributed_run, shared
+
     with distributed_run() as group:
         shared_result: Alignment = shared(group, lambda: _align(a, b, group, **options))
         return shared_result
@@ -195,9 +219,13 @@ def _align(a: TraceLike, b: TraceLike, group: Group | None, *, atol: Tolerance, 
         raise UsageError(f"noise_factor={noise_factor!r}: expected a number >= 1")
     ignore_rules = check_ignore(ignore)
     logits_patterns = check_logits_patterns(logits)
-    shard_rules = shards if isinstance(shards, ShardRules) or shards is None else read_rules(shards)
+    shard_rules = _shard_rules(shards)
     trace_a, trace_b, trace_n = _load_sides(a, b, baseline, shard_rules)
-    place_unrecorded(trace_a, trace_b)
+    sharded = trace_a.sharded or trace_b.sharded
+    if sharded:
+        from .sharded import findings, name_ranks, place_unrecorded
+
+        place_unrecorded(trace_a, trace_b)
     step_counts = (step_count(trace_a), step_count(trace_b))
     trace_a, trace_b, step_note = restrict_steps(trace_a, trace_b, step)
     rename_map = read_map(map_argument(map, rename))
@@ -214,6 +242,8 @@ def _align(a: TraceLike, b: TraceLike, group: Group | None, *, atol: Tolerance, 
     jobs.sort(key=lambda job: job[3].order)
     merged = None
     if group is not None:  # each rank measures its own shards; rank 0 goes on with the merged rows
+        from .distributed import measure_where_stored
+
         merged = measure_where_stored(group, jobs, trace_a, trace_b, lambda i: policy.resolve(
             (jobs[i][0].relative_path, jobs[i][2].relative_path), jobs[i][1].dtype, jobs[i][3].dtype), plan.how)
         if merged is None:
@@ -269,7 +299,8 @@ def _align(a: TraceLike, b: TraceLike, group: Group | None, *, atol: Tolerance, 
     rows = freeze_rows(drafts)  # decided: from here on every row is a frozen TensorComparison
     del drafts
     # sharded traces: whose shard first goes out of tolerance
-    name_ranks(rows, jobs, trace_a, trace_b, merged.ranks if merged is not None else None)
+    if sharded:
+        name_ranks(rows, jobs, trace_a, trace_b, merged.ranks if merged is not None else None)
 
     warnings = policy.unused_pattern_warnings(n.relative_path for nodes in (matching.nodes_b, matching.nodes_a)
                                               for n in nodes)
@@ -287,7 +318,7 @@ def _align(a: TraceLike, b: TraceLike, group: Group | None, *, atol: Tolerance, 
     steps = summarize_steps(marked, trace_a, trace_b, selected=step, note=step_note, counts=step_counts)
     first = next((row for row in marked if row.within_tolerance is False), None)
     strip = None if first is None else position_strip(first, jobs[first.order], trace_a, trace_b) \
-        if first.order not in sliced or merged is None else strip_of(merged, first, jobs[first.order], trace_b)
+        if first.order not in sliced or merged is None else _strip_of(merged, first, jobs[first.order], trace_b)
     unpaired_b = [n for n in matching.unmatched_b if id(n) not in matching.idle]
     source = likely_source(first, jobs, unpaired_b) if first is not None else None
     return Alignment(
@@ -311,7 +342,7 @@ def _align(a: TraceLike, b: TraceLike, group: Group | None, *, atol: Tolerance, 
         importer_a=trace_a.importer, importer_b=trace_b.importer,
         steps=steps, logits=logits_verdicts, tokens=compare_tokens(trace_a, trace_b), position_strip=strip,
         payloads_expected=_holds_payloads(trace_a) and _holds_payloads(trace_b),
-        shard_findings=findings(trace_a, trace_b),
+        shard_findings=findings(trace_a, trace_b) if sharded else (),
         likely_source=source,
     )
 

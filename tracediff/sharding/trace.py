@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from .. import format as fmt
 from ..errors import PayloadError, TraceFormatError
@@ -48,6 +48,8 @@ class Placed:
 @dataclass
 class ShardedTrace(Trace):
     """The global trace of a multi-rank folder (see the module docstring)."""
+
+    sharded: ClassVar[bool] = True
 
     ranks: RankSet | None = field(default=None, repr=False, compare=False)
     placed: dict[int, Placed] = field(default_factory=dict, repr=False, compare=False)

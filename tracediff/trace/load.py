@@ -23,7 +23,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from .. import format as fmt
 from ..errors import PayloadError, TraceFormatError
@@ -48,6 +48,9 @@ _build_record = frozen_builder(TensorRecord)  # TensorRecord(...), faster: a rec
 @dataclass
 class Trace:
     """A loaded trace: the call tree plus lazy access to its payloads."""
+
+    #: A multi-rank folder read as one global trace (:class:`tracediff.sharding.ShardedTrace`).
+    sharded: ClassVar[bool] = False
 
     directory: Path
     json_path: Path
