@@ -311,14 +311,22 @@ def payload_stem(name: str) -> str:
     return _UNSAFE_FILE_CHARS.sub("_", name)
 
 
-def unique_payload_stem(name: str, taken: set[str]) -> str:
-    """``payload_stem(name)``, with ``~1``, ``~2``, ... appended when it is in ``taken``; added to ``taken``."""
+def unique_payload_stem(name: str, taken: set[str], last: dict[str, int] | None = None) -> str:
+    """``payload_stem(name)``, with ``~1``, ``~2``, ... appended when it is in ``taken``; added to ``taken``.
+
+    ``last`` (kept by the caller from name to name) remembers the suffix each stem got last, so that the
+    next call of the same module (a decode step: every module again) starts there, not at ``~1``.
+    """
     stem = base = payload_stem(name)
-    k = 0
+    k = last.get(base, 0) if last is not None else 0
+    if k:
+        stem = f"{base}~{k}"
     while stem in taken:
         k += 1
         stem = f"{base}~{k}"
     taken.add(stem)
+    if last is not None:
+        last[base] = k
     return stem
 
 

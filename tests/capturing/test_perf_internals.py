@@ -48,6 +48,16 @@ def test_json_text_is_the_text_of_json_dumps(value: object, indent: int) -> None
     assert json_text(value, indent=indent) == json.dumps(value, indent=indent)
 
 
+def test_json_text_formats_repeated_small_containers_by_their_types_and_depth() -> None:
+    """Small flat containers are formatted once per depth: ``True``, ``1`` and ``1.0``, or ``-0.0`` and
+    ``0.0``, which compare equal, still get their own text."""
+    small = [{"a": True}, {"a": 1}, {"a": 1.0}, [-0.0], [0.0], [True], [1], {"numel": 1}, [None, "x"]]
+    tree = {"steps": [small, {"deeper": [small, small]}, small], "again": small}
+    assert json_text(tree, indent=2) == json.dumps(tree, indent=2)
+    text, _ = json_text_pair(tree, drop_key="value")
+    assert text == json.dumps(tree, indent=2)
+
+
 trace_like = st.recursive(
     scalars,
     lambda inner: st.one_of(st.lists(inner, max_size=3),

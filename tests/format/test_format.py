@@ -210,3 +210,25 @@ def test_summary_text_drops_value_from_tensor_entries_only_on_both_json_paths() 
     no_tensor_values = {"module_path": "M", "inputs": {"kwargs": {"value": {"py_type": "int", "py_value": 1}}}}
     assert json_text_pair(no_tensor_values, drop_key="value", drop_where=fmt.is_tensor_entry) == (
         json_text(no_tensor_values),) * 2
+
+
+def test_unique_payload_stems_remembering_the_last_suffix_are_the_smallest_free_ones() -> None:
+    """A decode step calls every module again: the stem of each name starts from its last suffix, and the
+    names are the same as searching from ``~1`` every time (the smallest suffix not taken)."""
+    import random
+
+    words = ["a", "a~1", "a~2", "b", "a/b", "a_b", "a~1~1"]
+    for seed in range(30):
+        rng = random.Random(seed)
+        names = [rng.choice(words) for _ in range(60)]
+        plain: set[str] = set()
+        remembered: set[str] = set()
+        last: dict[str, int] = {}
+        got = [fmt.unique_payload_stem(n, remembered, last) for n in names]
+        assert got == [fmt.unique_payload_stem(n, plain) for n in names]
+        assert len(set(got)) == len(got)
+    taken: set[str] = set()
+    last = {}
+    stems = [fmt.unique_payload_stem("Model.layers.0.mlp_outputs", taken, last) for _ in range(300)]
+    assert stems[0] == "Model.layers.0.mlp_outputs" and stems[-1] == "Model.layers.0.mlp_outputs~299"
+    assert last == {"Model.layers.0.mlp_outputs": 299}

@@ -62,6 +62,7 @@ class Encoder:
         self.dtypes: set[str] = set()
         self._seen: dict[int, tuple[weakref.ref[torch.Tensor], int, dict[str, Any]]] = {}
         self._file_stems: set[str] = set()
+        self._last_suffix: dict[str, int] = {}  # stem -> its latest ~k, for unique_payload_stem
         self._stats_buffers = StatsBuffers()
         self._device_stats = DeviceStats(self._stats_buffers)
         # payloads to write once ``value`` is encoded, with the statistics the writer computes (or None)
@@ -164,7 +165,7 @@ class Encoder:
 
     def _unique_file_name(self, name: str) -> str:
         """``{name}.safetensors`` made file-safe; ``{name}~{k}`` when two names sanitize alike."""
-        return fmt.payload_file_name(fmt.unique_payload_stem(name, self._file_stems))
+        return fmt.payload_file_name(fmt.unique_payload_stem(name, self._file_stems, self._last_suffix))
 
     def _describe(self, tensor: torch.Tensor, name: str) -> dict[str, Any]:
         dtype = tensor.dtype

@@ -51,6 +51,7 @@ class _NotPlainJson(Exception):
 
 
 _PLAIN_SCALARS = frozenset({str, int, float, bool, type(None)})
+_CACHED_ITEMS = 3
 _STR = frozenset({str})
 
 
@@ -98,6 +99,7 @@ class _IndentedJson:
         self.drop_where = drop_where
         self.newlines = ["\n"]  # newline plus the indentation of each depth
         self.flat_encoders: list[Callable[[Any], str]] = []  # encoders whose item separator indents one depth
+        self.flat_texts: dict[Any, str] = {}  # small flat containers already formatted (see _flat)
 
     def text(self, obj: Any) -> str:
         self._value(obj, 0)
@@ -159,7 +161,26 @@ class _IndentedJson:
             add(text)
 
     def _flat(self, value: Any, depth: int, opening: str, closing: str) -> str:
-        """A non-empty container of plain scalars, formatted by the standard encoder, one item per line."""
+        """A non-empty container of plain scalars, formatted by the standard encoder, one item per line.
+
+        A small one without floats (``{"numel": 1}``, a typed ``True``) is formatted once per depth: a long
+        generation repeats them in every step. Its types are in the key (``True == 1``); floats are not
+        cached (``-0.0 == 0.0``).
+        """
+        key = None
+        if len(value) <= _CACHED_ITEMS:
+            types = tuple(map(type, value.values() if opening == "{" else value))
+            if float not in types:
+                key = (depth, opening, tuple(value.items()) if opening == "{" else tuple(value), types)
+                text = self.flat_texts.get(key)
+                if text is not None:
+                    return text
+        text = self._encode_flat(value, depth, opening, closing)
+        if key is not None:
+            self.flat_texts[key] = text
+        return text
+
+    def _encode_flat(self, value: Any, depth: int, opening: str, closing: str) -> str:
         while len(self.flat_encoders) <= depth:
             inner = self._newline(len(self.flat_encoders) + 1)
             encoder = json.JSONEncoder(separators=("," + inner, ": "), check_circular=False)
@@ -186,8 +207,8 @@ class _IndentedJsonPair(_IndentedJson):
         self.stripped: list[str] = []
         self.dropped = False  # some dict lost the key: the texts differ
         self._whole = _IndentedJson(indent, None)  # the dropped values, which only the whole text holds
-        self._whole.parts, self._whole.newlines, self._whole.flat_encoders = (
-            self.parts, self.newlines, self.flat_encoders)
+        self._whole.parts, self._whole.newlines, self._whole.flat_encoders, self._whole.flat_texts = (
+            self.parts, self.newlines, self.flat_encoders, self.flat_texts)
 
     def texts(self, obj: Any) -> tuple[str, str]:
         self._value(obj, 0)
