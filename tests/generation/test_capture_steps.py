@@ -214,3 +214,42 @@ def test_each_attention_records_its_own_layer_of_the_cache_it_reads(tmp_path: Pa
         keys = cache["inputs.kwargs.cache.keys"]
         assert keys.shape == (1, heads, ports.PROMPT + step - 1, head_dim)  # the past, before this step's token
         assert keys.has_payload == (step == 1) and "mean" in keys.stats
+
+
+def test_steps_from_the_last_are_written_at_once_when_generate_cannot_stop_early(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Exactly NEW_TOKENS tokens (min_new_tokens = max_new_tokens): the last step is known in advance, so no
+    step is held (copied) in case it is the last; the trace is the same as when steps are held."""
+    from tracediff.capturing import decode_steps
+
+    held = []
+    monkeypatch.setattr(decode_steps._HeldStep, "submit", lambda self, *a, **k: held.append(self.step) or 0)
+    session = capture_generation(ports.llama(), tmp_path / "t", steps=[0, -1], other_steps="tree")
+    assert held == [] and session.metadata["options"]["steps"]["full"] == [0, ports.NEW_TOKENS - 1]
+    roots = _roots(tmp_path / "t")
+    assert [root[fmt.STEP] for root in roots if fmt.VALUE in root["outputs"]["logits"]] == [0, ports.NEW_TOKENS - 1]
+
+
+def test_steps_from_the_last_are_held_when_an_end_of_sequence_token_may_stop_generate(tmp_path: Path) -> None:
+    from tracediff.capturing.decode_steps import planned_forward_passes
+
+    model = ports.llama()
+    model.generation_config.eos_token_id = ports.VOCAB - 1
+    kwargs = ports.generate_kwargs(min_new_tokens=0)
+    assert planned_forward_passes(model, kwargs) is None
+    assert planned_forward_passes(model, ports.generate_kwargs()) == ports.NEW_TOKENS
+    assert planned_forward_passes(model, ports.generate_kwargs(num_beams=2)) is None
+    with torch.no_grad(), tracediff.capture(model, tmp_path / "t", steps=[0, -1]) as session:
+        out = model.generate(ports.prompt(), **kwargs)
+    last = out.shape[1] - ports.prompt().shape[1] - 1
+    assert session.metadata["options"]["steps"]["full"] == sorted({0, last})
+
+
+def test_a_generation_that_ends_elsewhere_than_planned_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tracediff.capturing import decode_steps
+
+    monkeypatch.setattr(decode_steps, "planned_forward_passes", lambda model, kwargs: ports.NEW_TOKENS + 2)
+    with pytest.warns(UserWarning, match=f"generate made {ports.NEW_TOKENS} forward passes where "
+                                         f"{ports.NEW_TOKENS + 2} were planned"):
+        session = capture_generation(ports.llama(), tmp_path / "t", steps=[0, -1])
+    assert session.metadata["options"]["steps"]["full"] == [0]  # the real last step was not written in full

@@ -64,6 +64,8 @@ from .verdicts.noise import DEFAULT_NOISE_FACTOR
 from .verdicts.sources import role
 
 if TYPE_CHECKING:  # sharded and distributed alignments import their modules when they happen
+    from concurrent.futures import ThreadPoolExecutor
+
     from ..sharding import ShardRules
     from .distributed import Group
 
@@ -369,13 +371,13 @@ def _workers(payload_bytes: int) -> Iterator[Callable[..., list[Any]]]:
     if cores < 2 or payload_bytes < _THREADED_BYTES:
         yield lambda fn, items: [fn(i) for i in items]
         return
-    from concurrent.futures import ThreadPoolExecutor  # only for traces this large (its import: 5 ms)
+    from concurrent.futures import ThreadPoolExecutor  # imported for traces this large only: a small one waits for it
 
     with ThreadPoolExecutor(max_workers=cores, thread_name_prefix="tracediff-align") as pool:
         yield lambda fn, items: _in_chunks(pool, fn, list(items), cores)
 
 
-def _in_chunks(pool: Any, fn: Callable[[Any], Any], items: list[Any], cores: int) -> list[Any]:
+def _in_chunks(pool: ThreadPoolExecutor, fn: Callable[[Any], Any], items: list[Any], cores: int) -> list[Any]:
     """``list(pool.map(fn, items))`` in runs of up to 64 items: one future per run, not per tensor pair
     (a future and its lock per pair cost more time and memory than a pair compared from statistics)."""
     size = max(1, min(64, len(items) // (cores * 8)))

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import math
+import warnings
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -119,6 +120,7 @@ class StepTracker:
         self._step = 0
         self._window = max((-s for s in selected or () if s < 0), default=0)
         self._held: deque[_HeldStep] = deque()
+        self._planned: int | None = None  # forward passes of the current generation, when known in advance
         self._saved: Any = _MISSING
         self._installed = False
 
@@ -135,7 +137,7 @@ class StepTracker:
             tokens = StepTokens(tracker.nodes, tracker.forcing) if not tracker._depth else None
             if tokens is not None:  # a nested generate (an assistant model) records no tokens of its own
                 kwargs = tokens.install(tracker.model, args, kwargs) or kwargs
-            tracker._started()
+            tracker._started(planned_forward_passes(tracker.model, kwargs))
             try:
                 output = generate(*args, **kwargs)
                 if tokens is not None:
@@ -176,10 +178,10 @@ class StepTracker:
         node[fmt.STEP] = step
         self.nodes.append(node)
         self.encoder.forget_seen()  # never point an entry of this step to another step's payload
-        if self.selected is None or step in self.selected:
+        if self.selected is None or step in self.selected or self._last_known(step):
             self._record(full=True, held=None)
             self.full.append(step)
-        elif self._window and self.base_mode != "summary":
+        elif self._window and self._planned is None and self.base_mode != "summary":
             while len(self._held) >= self._window:
                 self._drop(self._held.popleft())
             held = _HeldStep(step, node, measures=self.others == "tree")
@@ -194,10 +196,15 @@ class StepTracker:
         if self.base_mode == "full":
             self.encoder.pipeline = held if held is not None else self.real_pipeline
 
-    def _started(self) -> None:
+    def _last_known(self, step: int) -> bool:
+        """Whether ``step`` is selected counting from the last one, when the number of steps is known."""
+        return self._planned is not None and any(s < 0 and step == self._planned + s for s in self.selected or ())
+
+    def _started(self, planned: int | None = None) -> None:
         self._depth += 1
         if self._depth == 1:
             self._step = 0
+            self._planned = planned
             self.nodes.clear()  # the list the generation's token recorder holds
 
     def _ended(self) -> None:
@@ -205,6 +212,10 @@ class StepTracker:
         if self._depth:
             return
         last = self._step - 1
+        if self._planned is not None and self._step != self._planned and self._window:
+            warnings.warn(f"tracediff: generate made {self._step} forward passes where {self._planned} were "
+                          f"planned; the steps selected from the last were written as if the last were step "
+                          f"{self._planned - 1} (options.steps.full lists the steps written)", stacklevel=2)
         self._record(full=True, held=None)
         while self._held:
             held = self._held.popleft()
@@ -258,3 +269,29 @@ def _drop_values(value: Any, tree: bool = False) -> None:
     elif isinstance(value, list):
         for item in value:
             _drop_values(item, tree)
+
+
+# Options of ``generate`` that can end a generation early, or make more or fewer forward passes than tokens.
+_UNPLANNED = ("assistant_model", "prompt_lookup_num_tokens", "stop_strings", "max_time", "prefill_chunk_size")
+
+
+def planned_forward_passes(model: nn.Module, kwargs: dict[str, Any]) -> int | None:
+    """How many forward passes ``model.generate(**kwargs)`` makes, when nothing can end it early: one per
+    new token, ``max_new_tokens`` of them, when at least as many are required (``min_new_tokens``) or no
+    end-of-sequence token is set; None otherwise (beams, assistants, stop strings, stopping criteria, time
+    limits, chunked prefill, ``max_length``), and then the last steps are held until the end is seen."""
+    config = kwargs.get("generation_config") or getattr(model, "generation_config", None)
+
+    def option(name: str) -> Any:
+        return kwargs[name] if name in kwargs else getattr(config, name, None)
+
+    if any(option(name) for name in _UNPLANNED) or len(kwargs.get("stopping_criteria") or ()) or \
+            "max_length" in kwargs:  # the configuration's own max_length yields to max_new_tokens
+        return None
+    new, least = option("max_new_tokens"), option("min_new_tokens") or 0
+    if type(new) is not int or new < 1 or (option("num_beams") or 1) != 1:
+        return None
+    eos = option("eos_token_id")
+    if least < new and eos is not None and not (isinstance(eos, (list, tuple)) and not eos):
+        return None
+    return new

@@ -130,21 +130,20 @@ def map_regular_file(path: Path, *, root: Path | None = None, error: type[Traced
     Opened and checked as ``read_bounded`` does, then mapped from the same
     descriptor, so nothing can swap the file between the check and the map.
     Nothing is read until the caller touches the bytes. ``resolved=True`` says
-    ``path`` comes from ``resolve_inside`` (or ``ConfinedFolder``): it is not resolved again, and a link
-    put in its place since is refused (``O_NOFOLLOW``).
+    ``path`` comes from ``resolve_inside``: it is not resolved again, and a link put in its place since is
+    refused (``O_NOFOLLOW``).
     """
     if resolved:
         fd, size = _open_regular(path, error, what, missing, _O_FLAGS | _NOFOLLOW)
     else:
         path = confined(path, root)
         fd, size = _open_regular(path, error, what, missing)
-    resolved_path = path
     try:
         return mmap.mmap(fd, size, access=mmap.ACCESS_READ) if size else b""
     except MemoryError:
-        raise error(f"{resolved_path}: not enough memory to map the {what}") from None
+        raise error(f"{path}: not enough memory to map the {what}") from None
     except (OSError, ValueError) as e:
-        raise error(f"{resolved_path}: cannot map the {what} ({_reason(e)})") from None
+        raise error(f"{path}: cannot map the {what} ({_reason(e)})") from None
     finally:
         os.close(fd)
 
