@@ -35,16 +35,12 @@ def _replace_with(recorded: dict[str, torch.Tensor]) -> Callable[[str, torch.Ten
 
 
 @contextmanager
-def patched(model: nn.Module, replacements: Replacements,
-            call_index: Callable[[str, int], int | None] | None = None) -> Iterator[None]:
-    """Within the block, the chosen calls of ``model``'s submodules return A's recorded outputs.
-
-    ``call_index(path, k)`` maps the k-th call of ``path`` in this run to its
-    call index in the full forward (default: k itself, for a run of the whole
-    model); ``None`` means the call is not one of the recorded ones.
-    """
+def _on_calls(model: nn.Module, paths_wanted: set[str], call_index: Callable[[str, int], int | None],
+              on_call: Callable[[str, int, Any], Any]) -> Iterator[None]:
+    """Within the block, each call of a submodule whose path is in ``paths_wanted`` passes its output to
+    ``on_call(path, index, output)`` (``index``: ``call_index`` of the path's k-th call in this run; calls
+    it maps to None are left alone); what ``on_call`` returns replaces the output unless it is None."""
     paths = module_paths(model)
-    wanted = {path for path, _ in replacements}
     counts: defaultdict[str, int] = defaultdict(int)
     handles = []
 
@@ -52,15 +48,12 @@ def patched(model: nn.Module, replacements: Replacements,
         path = paths.get(id(module), "")
         k = counts[path]
         counts[path] += 1
-        index = call_index(path, k) if call_index is not None else k
-        recorded = replacements.get((path, index)) if index is not None else None
-        if recorded is None:
-            return None
-        return substitute(output, _replace_with(recorded))
+        index = call_index(path, k)
+        return None if index is None else on_call(path, index, output)
 
     try:
         for module in model.modules():
-            if paths.get(id(module)) in wanted:
+            if paths.get(id(module)) in paths_wanted:
                 handles.append(module.register_forward_hook(hook))
         yield
     finally:
@@ -69,28 +62,30 @@ def patched(model: nn.Module, replacements: Replacements,
 
 
 @contextmanager
+def patched(model: nn.Module, replacements: Replacements,
+            call_index: Callable[[str, int], int | None] | None = None) -> Iterator[None]:
+    """Within the block, the chosen calls of ``model``'s submodules return A's recorded outputs.
+
+    ``call_index(path, k)`` maps the k-th call of ``path`` in this run to its
+    call index in the full forward (default: k itself, for a run of the whole
+    model); ``None`` means the call is not one of the recorded ones.
+    """
+    def replace(path: str, index: int, output: Any) -> Any:
+        recorded = replacements.get((path, index))
+        return None if recorded is None else substitute(output, _replace_with(recorded))
+
+    with _on_calls(model, {path for path, _ in replacements}, call_index or (lambda _, k: k), replace):
+        yield
+
+
+@contextmanager
 def kept(model: nn.Module, wanted: set[tuple[str, int]], call_index: Callable[[str, int], int | None],
          into: dict[tuple[str, int], Any]) -> Iterator[None]:
     """Within the block, the outputs of the chosen calls of ``model``'s submodules go into ``into`` under
     ``(relative path, call index)``; ``call_index`` as for ``patched``. The outputs are left unchanged."""
-    paths = module_paths(model)
-    wanted_paths = {path for path, _ in wanted}
-    counts: defaultdict[str, int] = defaultdict(int)
-    handles = []
-
-    def hook(module: nn.Module, args: Any, output: Any) -> None:
-        path = paths.get(id(module), "")
-        k = counts[path]
-        counts[path] += 1
-        index = call_index(path, k)
-        if index is not None and (path, index) in wanted:
+    def keep(path: str, index: int, output: Any) -> None:
+        if (path, index) in wanted:
             into[(path, index)] = output
 
-    try:
-        for module in model.modules():
-            if paths.get(id(module)) in wanted_paths:
-                handles.append(module.register_forward_hook(hook))
+    with _on_calls(model, {path for path, _ in wanted}, call_index, keep):
         yield
-    finally:
-        for handle in handles:
-            handle.remove()
