@@ -12,6 +12,7 @@ other call (an instance outside the model, a subclass's ``super().__call__``) pa
 from __future__ import annotations
 
 import functools
+import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -45,6 +46,43 @@ def replace_arrays(value: Any, array_type: type, host: Callable[[Any], Any]) -> 
         return type(value)(*items) if hasattr(value, "_fields") else tuple(items)
     if isinstance(value, dict):
         return {key: replace_arrays(item, array_type, host) for key, item in value.items()}
+    return value
+
+
+class HostCopies:
+    """One host copy per living array: an array seen again (one module's output is the next one's input)
+    gives the same copy while it lives, so its payload is written once.
+
+    ``copy(array)`` makes the copy; when it raises (a tracer, a dtype torch cannot hold), the array itself is
+    returned and recorded as its ``repr``.
+    """
+
+    def __init__(self, copy: Callable[[Any], Any]) -> None:
+        self._copy = copy
+        self._copies: dict[int, tuple[Callable[[], Any], Any]] = {}
+
+    def __call__(self, array: Any) -> Any:
+        key = id(array)
+        held = self._copies.get(key)
+        if held is not None and held[0]() is array:
+            return held[1]
+        try:
+            copy = self._copy(array)
+        except Exception:  # noqa: BLE001 - recording must never break the user's forward
+            return array
+
+        def forget(_ref: Any, key: int = key) -> None:
+            self._copies.pop(key, None)
+
+        try:
+            ref: Callable[[], Any] = weakref.ref(array, forget)
+        except TypeError:  # an array type without weak references: kept for the capture
+            ref = functools.partial(_same, array)
+        self._copies[key] = (ref, copy)
+        return copy
+
+
+def _same(value: Any) -> Any:
     return value
 
 

@@ -14,16 +14,14 @@ jax and flax are never imported here: a model is an NNX module only if the proce
 
 from __future__ import annotations
 
-import functools
 import sys
-import weakref
 from typing import Any
 
 import numpy as np
 import torch
 
 from ._patch import CallObserver
-from .class_call import ClassCallPatch, module_paths, replace_arrays
+from .class_call import ClassCallPatch, HostCopies, module_paths, replace_arrays
 
 FRAMEWORK = "jax"
 
@@ -45,47 +43,19 @@ def nnx_modules(model: Any) -> list[tuple[str, Any]]:
     return [(".".join(str(part) for part in path), module) for path, module in nnx.iter_modules(model)]
 
 
-class JaxHost:
-    """Host copies of JAX arrays as CPU tensors, one copy per living array."""
-
-    def __init__(self) -> None:
-        self._array = sys.modules["jax"].Array
-        self._copies: dict[int, tuple[Any, torch.Tensor]] = {}
-
-    def convert(self, value: Any) -> Any:
-        """``value`` with every concrete array (nested in lists, tuples and dicts too) replaced by its host copy."""
-        return replace_arrays(value, self._array, self._host)
-
-    def _host(self, array: Any) -> Any:
-        key = id(array)
-        held = self._copies.get(key)
-        if held is not None and held[0]() is array:
-            return held[1]
-        try:
-            values = np.asarray(array.block_until_ready())
-            if values.dtype.name == "bfloat16":  # ml_dtypes' bfloat16: its bits, read as torch's
-                tensor = torch.from_numpy(values.view(np.uint16).astype(np.int16)).view(torch.bfloat16)
-            else:
-                tensor = torch.from_numpy(np.array(values))
-        except Exception:  # noqa: BLE001 - a tracer inside jit, or a dtype torch cannot hold: its repr
-            return array
-        def forget(_ref: Any, key: int = key) -> None:
-            self._copies.pop(key, None)
-
-        try:
-            ref: Any = weakref.ref(array, forget)
-        except TypeError:  # an array type without weak references: kept for the capture
-            ref = functools.partial(_same, array)
-        self._copies[key] = (ref, tensor)
-        return tensor
-
-
-def _same(value: Any) -> Any:
-    return value
+def jax_host_copy(array: Any) -> torch.Tensor:
+    """A concrete JAX array, waited for, as a CPU tensor (bfloat16 by its bits); raises for a tracer."""
+    values = np.asarray(array.block_until_ready())
+    if values.dtype.name == "bfloat16":  # ml_dtypes' bfloat16: its bits, read as torch's
+        return torch.from_numpy(values.view(np.uint16).astype(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(np.array(values))
 
 
 class NnxCallPatch(ClassCallPatch):
     """Wraps ``__call__`` of every class a Flax NNX ``model`` uses; undone by ``restore()``."""
 
     def __init__(self, model: Any, observer: CallObserver, *, root_name: str) -> None:
-        super().__init__(module_paths(nnx_modules(model), root_name), observer, JaxHost().convert)
+        array = sys.modules["jax"].Array
+        host = HostCopies(jax_host_copy)
+        super().__init__(module_paths(nnx_modules(model), root_name), observer,
+                         lambda value: replace_arrays(value, array, host))

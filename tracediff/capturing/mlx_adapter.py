@@ -20,7 +20,6 @@ already (it made the model). Replay and op-level capture of MLX models are out o
 from __future__ import annotations
 
 import sys
-import weakref
 from typing import Any
 
 import numpy as np
@@ -28,7 +27,7 @@ import torch
 
 from ..errors import UsageError
 from ._patch import CallObserver
-from .class_call import ClassCallPatch, module_paths, replace_arrays
+from .class_call import ClassCallPatch, HostCopies, module_paths, replace_arrays
 
 FRAMEWORK = "mlx"
 
@@ -69,7 +68,7 @@ class HostArrays:
         self._array = core.array
         self._bfloat16 = core.bfloat16
         self._uint16 = core.uint16
-        self._copies: dict[int, tuple[weakref.ref[Any], torch.Tensor]] = {}
+        self._host = HostCopies(self._copy)
 
     def convert(self, value: Any) -> Any:
         """``value`` with every array (nested in lists, tuples and dicts too) replaced by its host tensor.
@@ -97,24 +96,10 @@ class HostArrays:
             for item in value.values():
                 self._collect(item, found)
 
-    def _host(self, array: Any) -> Any:
-        key = id(array)
-        held = self._copies.get(key)
-        if held is not None and held[0]() is array:
-            return held[1]
-        try:
-            if array.dtype == self._bfloat16:
-                tensor = torch.from_numpy(np.array(array.view(self._uint16))).view(torch.bfloat16)
-            else:
-                tensor = torch.from_numpy(np.array(array))
-        except Exception:  # noqa: BLE001 - a dtype torch cannot hold: recorded as its repr
-            return array
-
-        def forget(_ref: weakref.ref[Any], key: int = key) -> None:
-            self._copies.pop(key, None)
-
-        self._copies[key] = (weakref.ref(array, forget), tensor)
-        return tensor
+    def _copy(self, array: Any) -> torch.Tensor:
+        if array.dtype == self._bfloat16:
+            return torch.from_numpy(np.array(array.view(self._uint16))).view(torch.bfloat16)
+        return torch.from_numpy(np.array(array))
 
 
 class MlxCallPatch(ClassCallPatch):
