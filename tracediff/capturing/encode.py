@@ -36,7 +36,7 @@ from ..format import as_json, is_json_safe
 from .compat import _tensor_lines, sanitize_repr
 from .device_stats import DeviceStats, measured_on_device
 from .distributed import dtensor_layout, is_dtensor
-from .parallel_layouts import dtensor_layout as dtensor_placements
+from .parallel_layouts import dtensor_placements
 from .pipeline import Measure, PayloadPipeline
 from .stats import FLOAT_DTYPES, StatsBuffers, fill_entry_stats, placeholder_strings, string_fields, tensor_stats
 

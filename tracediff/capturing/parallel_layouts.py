@@ -39,7 +39,7 @@ def placement_code(placement: Any) -> str | None:
     return None  # _StridedShard, a max-reduction: not rebuilt by concatenation or sum
 
 
-def dtensor_layout(value: Any, *, full: bool) -> dict[str, Any] | None:
+def dtensor_placements(value: Any, *, full: bool) -> dict[str, Any] | None:
     """The ``layout`` entry of a DTensor: its placements (all ``R`` when its full value is recorded)."""
     placements = list(getattr(value, "placements", ()))
     if full:

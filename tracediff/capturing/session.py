@@ -162,9 +162,9 @@ class _NativeRecorder:
         return (node, prefix, args, kwargs, module)
 
     def exit(self, token: Any, output: Any) -> None:
-        node, prefix, args, kwargs, _ = token
+        node, prefix, args, kwargs, module = token
         node[fmt.OUTPUTS] = self._encode(output, fmt.payload_name(prefix, fmt.OUTPUTS))
-        style = self.styles.get(id(token[4])) if self.styles else None
+        style = self.styles.get(id(module)) if self.styles else None
         if style is not None:
             mark(node[fmt.OUTPUTS], style[1], style[2])
         if node[fmt.MODULE_PATH] == self.model_name and self.root_call is None:
