@@ -65,10 +65,7 @@ def confined(path: Path, root: Path | None) -> Path:
         raise UnsafePathError(f"{path}: cannot resolve the path ({e})") from None
     if root is None:
         return resolved
-    try:
-        real_root = root.resolve(strict=False)
-    except (OSError, RuntimeError, ValueError) as e:
-        raise UnsafePathError(f"{root}: cannot resolve the folder ({e})") from None
+    real_root = resolved_folder(root)
     if resolved != real_root and real_root not in resolved.parents:
         raise UnsafePathError(f"{path}: links outside {root}; refused")
     return resolved

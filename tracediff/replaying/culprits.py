@@ -38,6 +38,8 @@ class Decision:
     note: str = ""
     #: why the candidate cannot be named: a call inside it could not be judged ("" when it can)
     undecided: str = ""
+    #: the module path (in B) of that call, the first one when several could not be judged
+    unjudged: str = ""
 
 
 @dataclass
@@ -74,11 +76,12 @@ def open_calls(candidates: list[Candidate]) -> list[Candidate]:
             and not any(_below(c.node_a, p.node_a) for p in passing)]
 
 
-def _undecided(candidate: Candidate, unjudged: list[Candidate]) -> str:
+def _undecided(unjudged: list[Candidate]) -> Decision:
     first = unjudged[0]
     more = f" (and {len(unjudged) - 1} more)" if len(unjudged) > 1 else ""
-    return (f"{first.module_path_b} inside it could not be judged{more} ({first.reason or 'not comparable'}): "
-            "the mistake may be there")
+    return Decision(undecided=f"{first.module_path_b} inside it could not be judged{more} "
+                              f"({first.reason or 'not comparable'}): the mistake may be there",
+                    unjudged=first.module_path_b)
 
 
 def decide(candidates: list[Candidate], rerun: Callable[[Candidate, list[Candidate]], str] | None) -> None:
@@ -94,7 +97,7 @@ def decide(candidates: list[Candidate], rerun: Callable[[Candidate, list[Candida
         unjudged = unjudged_below(candidate, candidates)
         if not below:
             if unjudged:
-                candidate.decision = Decision(undecided=_undecided(candidate, unjudged))
+                candidate.decision = _undecided(unjudged)
                 continue
             candidate.decision = Decision(culprit=True)
             culprits.append(candidate)
@@ -104,7 +107,7 @@ def decide(candidates: list[Candidate], rerun: Callable[[Candidate, list[Candida
         if patched_verdict is None or patched_verdict not in BLAMING:
             candidate.decision = Decision(explained_by=names)
         elif unjudged:
-            candidate.decision = Decision(undecided=_undecided(candidate, unjudged))
+            candidate.decision = _undecided(unjudged)
         else:
             candidate.decision = Decision(
                 culprit=True, note=f"still {patched_verdict} with the outputs of {len(below)} culprit "

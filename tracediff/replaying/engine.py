@@ -432,7 +432,7 @@ class _Job:
         # nothing around it vouches for, leaves the replay undecided
         self.undecided = [f"{c.module_path_b} (call {self.done[c.key].node_b.call_index}) differs, but "
                           f"{c.decision.undecided}" for c in candidates if c.decision.undecided]
-        named = {c.decision.undecided.split(" ", 1)[0] for c in candidates if c.decision.undecided}
+        named = {c.decision.unjudged for c in candidates if c.decision.unjudged}
         self.undecided += [f"{c.module_path_b} (call {self.done[c.key].node_b.call_index}) could not be judged "
                            f"({c.reason or 'not comparable'}) and no call around it was judged the same math"
                            for c in open_calls(candidates) if c.module_path_b not in named]

@@ -112,10 +112,7 @@ def replay_call(setup: CallSetup, *, oracle: bool, patch: Callable[[], Any] | No
             return CallOutcome([], NOT_COMPARABLE, reason, time.perf_counter() - started)
     b_args, b_kwargs = (args, kwargs) if in_b_layout else ((), {})
     del args, kwargs
-    produced_b = dict(output_slots(output))
-    if out_slots is None and setup.node_b is not None and not set(recorded) <= set(produced_b):
-        out_slots = output_partners(setup.node_a, setup.node_b, setup.parameters)  # ``outputs`` as ``outputs.0``
-    produced = _under_a_slots(produced_b, out_slots, recorded)
+    produced, out_slots = _produced(setup, output, out_slots, recorded)
     mismatched_inputs = inputs_not_equivalent(setup)
 
     def rows_with(exact: dict[str, torch.Tensor], oracle_error: str = "") -> list[ReplayedTensor]:
@@ -148,16 +145,22 @@ def judged_outputs(setup: CallSetup, output: Any, exact: Any = None, *, oracle: 
     """The rows and verdict of ``setup``'s call from outputs produced elsewhere (inside its parent's run):
     B's ``output`` and, when the float64 run was made, its ``exact`` output, against A's recorded outputs."""
     recorded = setup.recorded_outputs()
-    produced_b = dict(output_slots(output))
-    out_slots = None
-    if setup.node_b is not None and not set(recorded) <= set(produced_b):
-        out_slots = output_partners(setup.node_a, setup.node_b, setup.parameters)
-    produced = _under_a_slots(produced_b, out_slots, recorded)
+    produced, out_slots = _produced(setup, output, None, recorded)
     exacts = _under_a_slots(dict(output_slots(exact)), out_slots, recorded) if exact is not None else {}
     rows = [_row(setup, record, recorded.get(record.slot), produced.get(record.slot), exacts.get(record.slot),
                  oracle=oracle, oracle_error="", not_equivalent="") for record in setup.node_a.outputs()]
     verdict, reason = _call_verdict(rows, oracle)
     return CallOutcome(rows, verdict, reason, 0.0)
+
+
+def _produced(setup: CallSetup, output: Any, out_slots: dict[str, str] | None, recorded: dict[str, torch.Tensor]
+              ) -> tuple[dict[str, torch.Tensor], dict[str, str] | None]:
+    """B's ``output`` by A's slots, and the slot pairing used: ``out_slots`` when given, else the pairing
+    ``align`` makes when B's slots are not A's (``outputs`` as ``outputs.0``)."""
+    produced_b = dict(output_slots(output))
+    if out_slots is None and setup.node_b is not None and not set(recorded) <= set(produced_b):
+        out_slots = output_partners(setup.node_a, setup.node_b, setup.parameters)
+    return _under_a_slots(produced_b, out_slots, recorded), out_slots
 
 
 def _under_a_slots(produced: dict[str, torch.Tensor], out_slots: dict[str, str] | None,
