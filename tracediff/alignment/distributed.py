@@ -27,7 +27,7 @@ import numpy as np
 
 from ..compare.benign import saturated_note, settle_saturated
 from ..compare.measurement import Measurement, dtype_note, measured, unmeasured
-from ..compare.parts import PartMetrics, measure_part, merge_parts
+from ..compare.parts import measure_part, merge_parts
 from ..compare.positions import beyond_per_position, position_error_ratios
 from ..errors import PayloadFormatError, TracediffError, UsageError
 from ..sharding import ShardedTrace
@@ -123,8 +123,9 @@ class Merged:
 
 
 # (order, the part or the reason it could not be read, a replica copy's digest, where this rank's slice starts
-# along the sequence dimension and which of its positions hold an element out of tolerance)
-_Local = tuple[int, Any, str | None, tuple[int, np.ndarray] | None]
+# along the sequence dimension and which of its positions hold an element out of tolerance, how many saturated
+# or masked positions were taken as equal)
+_Local = tuple[int, Any, str | None, tuple[int, np.ndarray] | None, int]
 
 
 def measure_where_stored(group: Group, jobs: list[Job], trace_a: Trace, trace_b: Trace,
@@ -140,30 +141,28 @@ def measure_where_stored(group: Group, jobs: list[Job], trace_a: Trace, trace_b:
         held = f"holds {sharded.world_size} rank folders" if sharded is not None else "is not a multi-rank folder"
         raise UsageError(f"{trace_b.directory}: --distributed runs one process per rank folder of B, and B {held} "
                          f"for {group.world} processes: launch torchrun --nproc-per-node with B's rank count")
-    orders = [i for i, job in enumerate(jobs) if sharded is not None
-              and _splittable(job, trace_a, sharded, how, group.world)]
+    orders = [i for i, job in enumerate(jobs) if _splittable(job, trace_a, sharded, how, group.world)]
     local: list[_Local] = []
     failure: str | None = None
     axes = _axes(jobs, orders, trace_b)
     for order in orders:
-        assert sharded is not None
         try:
             local.append(_measure_mine(group.rank, jobs[order], trace_a, sharded, *tolerance(order), axes.get(order)))
         except PayloadFormatError as e:  # a broken trace is refused whole, on rank 0, after the gather
             failure = str(e)
             break
         except TracediffError as e:
-            local.append((order, str(e), None, None))
+            local.append((order, str(e), None, None, 0))
     everyone: list[Any] = [None] * group.world if group.is_root else []
     dist.gather_object((local, failure), everyone if group.is_root else None, dst=0)
     merged, failed, candidate = None, None, None
     if group.is_root:
         failed = next((f for _, f in everyone if f is not None), None)
         if failed is None:
-            by_rank = [{order: (part, digest, beyond) for order, part, digest, beyond in mine} for mine, _ in everyone]
+            by_rank = [{order: (part, digest, beyond, saturated) for order, part, digest, beyond, saturated in mine}
+                       for mine, _ in everyone]
             merged = Merged({}, {}, {}, {})
             for order in orders:
-                assert sharded is not None
                 _merge(order, jobs[order], by_rank, sharded, tolerance(order), merged)
             candidate = next((order for order in orders if order in merged.apart and order in axes
                               and merged.measurements[order].within_tolerance is False), None)
@@ -173,12 +172,11 @@ def measure_where_stored(group: Group, jobs: list[Job], trace_a: Trace, trace_b:
     dist.broadcast_object_list(box, src=0)
     candidate = box[0]
     if candidate is not None:
-        assert sharded is not None
         ratios = _ratios_mine(group.rank, jobs[candidate], trace_a, sharded, *tolerance(candidate), axes[candidate])
         every_ratio: list[Any] = [None] * group.world if group.is_root else []
         dist.gather_object(ratios, every_ratio if group.is_root else None, dst=0)
         if merged is not None and all(r is not None for r in every_ratio):
-            merged.strips[candidate] = _joined_ratios(every_ratio)
+            merged.strips[candidate] = _joined(every_ratio, float, np.maximum)
     if failed is not None:
         raise PayloadFormatError(failed)
     return merged
@@ -209,11 +207,13 @@ def _ratios_mine(rank: int, job: Job, trace_a: Trace, trace_b: ShardedTrace, ato
     return span[axis].start or 0, position_error_ratios(a, b, atol=atol, rtol=rtol, dim=axis)
 
 
-def _joined_ratios(sent: list[tuple[int, np.ndarray]]) -> np.ndarray:
-    """Each position's largest ratio over the ranks' slices, each at its start."""
-    joined = np.zeros(max(start + ratios.size for start, ratios in sent))
-    for start, ratios in sent:
-        np.maximum(joined[start:start + ratios.size], ratios, out=joined[start:start + ratios.size])
+def _joined(sent: list[tuple[int, np.ndarray]], dtype: type, combine: np.ufunc) -> np.ndarray:
+    """The ranks' per-position arrays (position error ratios, masks out of tolerance), each placed at its
+    slice's start and combined where slices overlap (``np.maximum``, ``np.logical_or``)."""
+    joined: np.ndarray = np.zeros(max(start + values.size for start, values in sent), dtype)
+    for start, values in sent:
+        view = joined[start:start + values.size]
+        combine(view, values, out=view)
     return joined
 
 
@@ -251,7 +251,7 @@ def _measure_mine(rank: int, job: Job, trace_a: Trace, trace_b: ShardedTrace, at
     raw = trace_b.local_shard(rb, rank)
     if a.shape != raw.shape:
         return rb.order, f"rank {rank}'s shard has shape {list(raw.shape)}, its slice of A {list(a.shape)}", None, \
-            None
+            None, 0
     b, counts = settle_saturated(a, raw)
     saturated = sum(counts)  # saturated and masked positions, both treated as equal
     part = measure_part(a, b, atol=atol, rtol=rtol)
@@ -262,17 +262,7 @@ def _measure_mine(rank: int, job: Job, trace_a: Trace, trace_b: ShardedTrace, at
         beyond = (span[axis].start or 0, beyond_per_position(as_floats(a.values, a.dtype, np.float64),
                                                             as_floats(raw.values, raw.dtype, np.float64),
                                                             atol=atol, rtol=rtol, dim=axis))
-    return rb.order, _with_saturated(part, saturated), digest, beyond
-
-
-@dataclass(frozen=True)
-class _Saturated:
-    part: PartMetrics
-    count: int
-
-
-def _with_saturated(part: PartMetrics, count: int) -> Any:
-    return _Saturated(part, count) if count else part
+    return rb.order, part, digest, beyond, saturated
 
 
 def _digest(values: np.ndarray, dtype: str) -> str:
@@ -284,40 +274,35 @@ def _digest(values: np.ndarray, dtype: str) -> str:
     return h.hexdigest()
 
 
-def _positions(shape: tuple[int, ...], slices: list[tuple[int, np.ndarray] | None]) -> np.ndarray | None:
-    """The ranks' masks of positions out of tolerance, each at its slice's start, joined (None: none sent)."""
+def _positions(slices: list[tuple[int, np.ndarray] | None]) -> np.ndarray | None:
+    """The ranks' masks of positions out of tolerance, joined (None: none sent)."""
     sent = [s for s in slices if s is not None]
-    if not sent:
-        return None
-    length = max(start + mask.size for start, mask in sent)
-    joined = np.zeros(length, bool)
-    for start, mask in sent:
-        joined[start:start + mask.size] |= mask
-    return joined
+    return _joined(sent, bool, np.logical_or) if sent else None
 
 
-def _merge(order: int, job: Job, by_rank: list[dict[int, tuple[Any, str | None, Any]]], trace_b: ShardedTrace,
-           tol: tuple[float, float], merged: Merged) -> None:
+def _merge(order: int, job: Job, by_rank: list[dict[int, tuple[Any, str | None, Any, int]]],
+           trace_b: ShardedTrace, tol: tuple[float, float], merged: Merged) -> None:
     _, ra, _, rb = job
     ranks = [r for r, _, _ in trace_b.shard_views(rb)]  # mesh order
-    found = [by_rank[r].get(rb.order) for r in ranks]
-    if any(f is None for f in found):
+    sent = [by_rank[r].get(rb.order) for r in ranks]
+    found = [f for f in sent if f is not None]
+    if len(found) < len(sent):
         merged.measurements[order] = unmeasured("unreadable", None, "a rank measured nothing for this tensor")
         return
-    errors = [(r, f[0]) for r, f in zip(ranks, found) if f is not None and isinstance(f[0], str)]
+    errors = [(r, f[0]) for r, f in zip(ranks, found) if isinstance(f[0], str)]
     if errors:
         rank, reason = errors[0]
         merged.measurements[order] = unmeasured("unreadable", None, f"rank {rank}: {reason}")
         return
-    parts = [f[0].part if isinstance(f[0], _Saturated) else f[0] for f in found if f is not None]
-    slices = [f[2] for f in found if f is not None]
-    counts = [f[0].count if isinstance(f[0], _Saturated) else 0 for f in found if f is not None]
+    parts = [f[0] for f in found]
+    slices = [f[2] for f in found]
+    counts = [f[3] for f in found]
     layout = trace_b.placed[rb.order].layout
     replicated = layout is not None and layout.replicated
     if replicated:  # the row is the first copy's, as one process reads it; the others are checked alike
-        first = found[0][1] if found[0] is not None else None
+        first = found[0][1]
         for rank, f in zip(ranks[1:], found[1:]):
-            if f is not None and f[1] != first:
+            if f[1] != first:
                 trace_b.note_replica_difference(rb, rank, ranks[0], "its bytes differ, compared where each lives")
     row_parts = parts[:1] if replicated else parts
     saturated = counts[0] if replicated else sum(counts)
@@ -327,5 +312,5 @@ def _merge(order: int, job: Job, by_rank: list[dict[int, tuple[Any, str | None, 
     if replicated:  # rank 0's own copy is the whole tensor: the later stages read it, and A, as one process does
         trace_b.mark_replica_checked(rb)
     else:
-        merged.apart[order] = (pcc, _positions(rb.shape or (), slices))
+        merged.apart[order] = (pcc, _positions(slices))
     merged.ranks[order] = next((r for r, p in zip(ranks, parts) if p.mismatched), None)

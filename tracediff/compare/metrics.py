@@ -164,18 +164,24 @@ def _measure(a: Any, b: Any, atol: float, rtol: float, along: int | None, extras
     if _probably_equal(a, b) and bitwise_equal(a, b):
         positions = tracker.result() if tracker is not None else None
         return identical_metrics(n), RowExtras(1.0 if n else math.nan, positions)
-    work = np.float64 if "float64" in (a.dtype, b.dtype) else np.float32
-    fa, fb = a.values.reshape(-1), b.values.reshape(-1)
     pearson = PearsonSums() if extras else None
-    acc = _Accumulator(atol, rtol, pearson, tracker)
-    scratch = _scratch(work)
-    with _quiet():
-        for start in range(0, n, CHUNK):
-            stop = min(start + CHUNK, n)
-            acc.add(as_floats(fa[start:stop], a.dtype, work, scratch.wide_a[:stop - start]),
-                    as_floats(fb[start:stop], b.dtype, work, scratch.wide_b[:stop - start]), start)
+    acc = _accumulate(a, b, _Accumulator(atol, rtol, pearson, tracker))
     found = RowExtras(pearson.pcc() if pearson is not None else None, tracker.result() if tracker is not None else None)
     return acc.result(n), found
+
+
+def _accumulate(a: Payload, b: Payload, acc: _Accumulator) -> _Accumulator:
+    """``acc`` with the pair added, ``CHUNK`` elements at a time, each chunk converted into this thread's work
+    arrays (float64 when either side is, else float32)."""
+    work = np.float64 if "float64" in (a.dtype, b.dtype) else np.float32
+    fa, fb = a.values.reshape(-1), b.values.reshape(-1)
+    scratch = _scratch(work)
+    with _quiet():
+        for start in range(0, a.size, CHUNK):
+            stop = min(start + CHUNK, a.size)
+            acc.add(as_floats(fa[start:stop], a.dtype, work, scratch.wide_a[:stop - start]),
+                    as_floats(fb[start:stop], b.dtype, work, scratch.wide_b[:stop - start]), start)
+    return acc
 
 
 class _Scratch:
@@ -384,23 +390,23 @@ def _exact_max(a: np.ndarray, b: np.ndarray, absdiff: np.ndarray, worst: float, 
 # Reference definitions, one metric each (see the module docstring).
 
 
-def _finite_pair(a: Any, b: Any) -> tuple[np.ndarray, np.ndarray]:
+def finite_pair(a: Any, b: Any) -> tuple[np.ndarray, np.ndarray]:
     pa, pb = payload_of(a), payload_of(b)
     x, y = as_floats(pa.values, pa.dtype, _F64).reshape(-1), as_floats(pb.values, pb.dtype, _F64).reshape(-1)
     keep = np.isfinite(x) & np.isfinite(y)
-    return x[keep], y[keep]
+    return (x, y) if keep.all() else (x[keep], y[keep])
 
 
 def max_abs_err(a: Any, b: Any) -> float:
     """``max |a - b|`` over positions where both are finite (0 if none)."""
-    fa, fb = _finite_pair(a, b)
+    fa, fb = finite_pair(a, b)
     with _quiet():
         return float(np.max(np.abs(fa - fb))) if fa.size else 0.0
 
 
 def max_rel_err(a: Any, b: Any) -> float:
     """``max |a - b| / |a|`` over finite positions; ``a == 0``: 0 if ``b == 0`` else inf."""
-    fa, fb = _finite_pair(a, b)
+    fa, fb = finite_pair(a, b)
     with _quiet():
         d = np.abs(fa - fb)
         if not fa.size:
@@ -412,7 +418,7 @@ def max_rel_err(a: Any, b: Any) -> float:
 
 def _scaled_abs_diff(a: Any, b: Any) -> tuple[np.ndarray, int]:
     """``|a - b|`` over finite positions divided by a power of two ``2**k`` near its maximum, and ``k``."""
-    fa, fb = _finite_pair(a, b)
+    fa, fb = finite_pair(a, b)
     with _quiet():
         d = np.abs(fa - fb)
     k = exponent_of(float(np.max(d))) if d.size else 0
@@ -438,7 +444,7 @@ def cosine(a: Any, b: Any) -> float:
     cosine does not change), so values from subnormal to huge neither underflow
     nor overflow.
     """
-    fa, fb = _finite_pair(a, b)
+    fa, fb = finite_pair(a, b)
     if not fa.size:
         return 1.0
     sa = scale_down(fa, exponent_of(float(np.max(np.abs(fa)))))

@@ -18,10 +18,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
-from ..trace.payload import as_floats, payload_of
-from .metrics import CHUNK, PairMetrics, _Accumulator, _quiet, _scratch, bitwise_equal, identical_metrics
+from ..trace.payload import payload_of
+from .metrics import PairMetrics, _accumulate, _Accumulator, bitwise_equal, finite_pair, identical_metrics
 
 ScaledPair = tuple[float, int]
 
@@ -80,15 +78,7 @@ def measure_part(a: Any, b: Any, *, atol: float, rtol: float) -> PartMetrics:
         raise ValueError(f"shapes differ: {a.shape} vs {b.shape}")
     # the kernel runs on an identical slice too: the whole tensor may differ elsewhere, and then this slice's
     # products count towards its cosine as in one pass
-    work = np.float64 if "float64" in (a.dtype, b.dtype) else np.float32
-    fa, fb = a.values.reshape(-1), b.values.reshape(-1)
-    acc = _Accumulator(atol, rtol)
-    scratch = _scratch(work)
-    with _quiet():
-        for start in range(0, a.size, CHUNK):
-            stop = min(start + CHUNK, a.size)
-            acc.add(as_floats(fa[start:stop], a.dtype, work, scratch.wide_a[:stop - start]),
-                    as_floats(fb[start:stop], b.dtype, work, scratch.wide_b[:stop - start]))
+    acc = _accumulate(a, b, _Accumulator(atol, rtol))
     sums = tuple((total.value, total.exp) for total in (acc.sum_abs, acc.sum_sq, acc.dot, acc.norm_a, acc.norm_b))
     return PartMetrics(a.size, bitwise_equal(a, b), acc.finite, acc.max_abs, acc.max_rel, sums, acc.nan_mismatch,
                        acc.inf_mismatch, acc.mismatched, _moments(a, b))
@@ -116,11 +106,7 @@ def merge_parts(parts: list[PartMetrics], *, atol: float, rtol: float) -> tuple[
 
 
 def _moments(a: Any, b: Any) -> Moments:
-    x = as_floats(a.values, a.dtype, np.float64).reshape(-1)
-    y = as_floats(b.values, b.dtype, np.float64).reshape(-1)
-    keep = np.isfinite(x) & np.isfinite(y)
-    if not keep.all():
-        x, y = x[keep], y[keep]
+    x, y = finite_pair(a, b)
     if not x.size:
         return Moments(0, 0.0, 0.0, 0.0, 0.0, 0.0)
     ma, mb = float(x.mean()), float(y.mean())

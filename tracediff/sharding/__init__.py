@@ -18,20 +18,11 @@ at a time when read. ``shards=`` (the command line's ``--shards``) declares layo
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from ..trace.load import Trace, load_trace
 from ..trace.ranks import is_multi_rank
 from .findings import ShardFinding
 from .rules import ShardRules, parse_rules, read_rules
 from .trace import ShardedTrace, load_sharded
 
-__all__ = ["ShardFinding", "ShardRules", "ShardedTrace", "is_multi_rank", "load_any", "load_sharded",
-           "parse_rules", "read_rules"]
+__all__ = ["ShardFinding", "ShardRules", "ShardedTrace", "is_multi_rank", "load_sharded", "parse_rules",
+           "read_rules"]
 
-
-def load_any(path: str | Path, *, shards: ShardRules | None = None) -> Trace:
-    """A multi-rank folder as its global trace, any other path as ``load_trace`` reads it."""
-    if is_multi_rank(path):
-        return load_sharded(path, shards=shards)
-    return load_trace(path)

@@ -10,6 +10,7 @@ manifest names that is missing, rank folders that are not ``rank0`` to
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,7 +56,7 @@ def read_ranks(path: str | Path) -> RankSet:
         for key, expected in (("world_size", world), ("run_started", started), ("model_name", model),
                               ("rank", rank)):
             found = meta.get(key)
-            if meta and found != expected and not (key == "run_started" and found is None and expected is None):
+            if meta and found != expected:
                 raise TraceFormatError(f"{folder / names[rank]}: from another run: its {key} {found!r} differs "
                                        f"from the run's {expected!r}")
     mesh = manifest.get("mesh") if isinstance(manifest.get("mesh"), dict) else None
@@ -63,7 +64,7 @@ def read_ranks(path: str | Path) -> RankSet:
     dim_names = mesh.get(fmt.MESH_DIM_NAMES) if mesh else None
     names_ok = isinstance(dim_names, list) and len(dim_names) == len(shape) and all(isinstance(n, str)
                                                                                      for n in dim_names)
-    if _product(shape) != world:
+    if math.prod(shape) != world:
         raise TraceFormatError(f"{folder / fmt.RANKS_FILE}: a mesh of shape {list(shape)} does not hold "
                                f"{world} ranks")
     coordinates = tuple(_coordinates(trace, rank, shape) for rank, trace in enumerate(traces))
@@ -106,9 +107,3 @@ def _coordinates(trace: Trace, rank: int, shape: tuple[int, ...]) -> tuple[int, 
 def _ints(value: Any) -> bool:
     return isinstance(value, list) and bool(value) and all(type(v) is int and v >= 0 for v in value)
 
-
-def _product(shape: tuple[int, ...]) -> int:
-    total = 1
-    for n in shape:
-        total *= n
-    return total

@@ -79,11 +79,9 @@ class ShardedTrace(Trace):
         ranks = self.ranks
         if placed.layout.replicated and record.order in self._checked:  # read again (pcc, positions): one copy
             return ranks.traces[0].load_payload(placed.shards[0])
-        payload, differences = rebuild(placed.layout, lambda r: ranks.traces[r].load_payload(placed.shards[r]),
-                                       self.world_size, ranks.coordinates)
+        payload, differences = self._rebuild(placed)
         if placed.layout.replicated:
-            with self._lock:
-                self._checked.add(record.order)
+            self.mark_replica_checked(record)
         for diff in differences:
             self.note_replica_difference(record, diff.rank, diff.reference_rank, f"max_abs_err={diff.max_abs_err:.3g}")
         return payload
@@ -171,14 +169,21 @@ class ShardedTrace(Trace):
                 node.tensors[i] = self._place_by_value(record, placed, counterpart, other, closeness)
 
     def _ranks_agree(self, record: TensorRecord, placed: Placed) -> bool:
-        assert self.ranks is not None and placed.layout is not None
-        ranks = self.ranks
+        """Whether every rank holds the same copy of the replica ``record`` (then read from rank 0 alone)."""
         try:
-            _, differences = rebuild(placed.layout, lambda r: ranks.traces[r].load_payload(placed.shards[r]),
-                                     self.world_size, ranks.coordinates)
+            _, differences = self._rebuild(placed)
         except (PayloadError, TraceFormatError):
             return True  # unreadable: its row says so
+        if not differences:
+            self.mark_replica_checked(record)
         return not differences
+
+    def _rebuild(self, placed: Placed) -> tuple[Payload, list[Any]]:
+        """The global tensor of ``placed`` from every rank's shard, and where replicated copies differ."""
+        ranks, layout = self.ranks, placed.layout
+        assert ranks is not None and layout is not None
+        return rebuild(layout, lambda r: ranks.traces[r].load_payload(placed.shards[r]), self.world_size,
+                       ranks.coordinates)
 
     def _place_by_value(self, record: TensorRecord, placed: Placed, counterpart: TensorRecord, other: Trace,
                         closeness: Any) -> TensorRecord:
@@ -237,10 +242,10 @@ def load_sharded(path: str | Path, *, shards: ShardRules | None = None) -> Shard
     ``shards.check_used()`` refuses a rule that matched nothing)."""
     ranks = read_ranks(path)
     first = ranks.traces[0]
-    for trace_r in ranks.traces:  # op nodes hold rank-local work (masks, offsets): no global tensor to rebuild
-        for node in trace_r.nodes():
-            node.ops = []
     per_rank = [trace.nodes() for trace in ranks.traces]
+    for nodes in per_rank:  # op nodes hold rank-local work (masks, offsets): no global tensor to rebuild
+        for node in nodes:
+            node.ops = []
     for rank, nodes in enumerate(per_rank[1:], start=1):
         if len(nodes) != len(per_rank[0]):
             raise TraceFormatError(f"{ranks.folder}: rank {rank} recorded {len(nodes)} calls, rank 0 "
