@@ -33,9 +33,8 @@ from ..errors import PayloadFormatError, TracediffError, UsageError
 from ..sharding import ShardedTrace
 from ..trace.load import Trace
 from ..trace.payload import as_floats, is_floating
-from .decode_steps import root_of_calls, sequence_starts
 from .lm_results import PositionStrip
-from .lm_verdicts import pair_sequence_axis
+from .lm_verdicts import TokenSpans, pair_sequence_axis
 from .result import Job, TensorComparison
 
 _ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -185,7 +184,7 @@ def measure_where_stored(group: Group, jobs: list[Job], trace_a: Trace, trace_b:
 def strip_of(merged: Merged, first: TensorComparison, job: Job, trace_b: Trace) -> PositionStrip | None:
     """The position strip of ``first``, a row sliced over ranks, from the ratios its ranks sent (None: none)."""
     ratios = merged.strips.get(first.order)
-    axis = pair_sequence_axis(job, sequence_starts(trace_b), root_of_calls(trace_b))
+    axis = pair_sequence_axis(job, TokenSpans.of(trace_b))
     if ratios is None or axis is None:
         return None
     return PositionStrip(first.order, axis[1], tuple(float(r) for r in ratios))
@@ -236,8 +235,8 @@ def _axes(jobs: list[Job], orders: list[int], trace_b: Trace) -> dict[int, int]:
     """The sequence dimension of each pair that has one (positions are named along it)."""
     if not orders:
         return {}
-    starts, roots = sequence_starts(trace_b), root_of_calls(trace_b)
-    found = {order: pair_sequence_axis(jobs[order], starts, roots) for order in orders}
+    spans = TokenSpans.of(trace_b)
+    found = {order: pair_sequence_axis(jobs[order], spans) for order in orders}
     return {order: axis[0] for order, axis in found.items() if axis is not None}
 
 

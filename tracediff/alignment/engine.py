@@ -49,7 +49,7 @@ from ..trace.load import Trace, load_trace
 from ..trace.model import Node, TensorRecord
 from ..trace.ranks import is_multi_rank
 from .decode_steps import restrict_steps, set_steps, step_count, summarize_steps
-from .lm_verdicts import annotate_rows, check_logits_patterns, position_strip, reread_jobs, sequence_axes
+from .lm_verdicts import TokenSpans, annotate_rows, check_logits_patterns, position_strip, reread_jobs, sequence_axes
 from .ops import annotate_op_rows, pair_ops
 from .pairing.permuted import decide_orders
 from .pairing.plan import Plan, plan_pairs
@@ -252,10 +252,10 @@ def _align(a: TraceLike, b: TraceLike, group: Group | None, *, atol: Tolerance, 
             return None
     apart = merged.measurements if merged is not None else {}
     sliced = merged.apart if merged is not None else {}  # rows whose pair is never read whole on rank 0
-    sliced_b = {jobs[order][3].order for order in sliced}
 
     tick = _progress(progress and (group is None or group.is_root), jobs)
-    axis_of = sequence_axes(trace_b)
+    spans = TokenSpans.of(trace_b)
+    axis_of = sequence_axes(spans)
     # what the comparison of row i found for its annotations (pcc, positions): read once, in the same pass
     measurements: list[Measurement | None] = [None] * len(jobs)
 
@@ -294,10 +294,10 @@ def _align(a: TraceLike, b: TraceLike, group: Group | None, *, atol: Tolerance, 
         verdicts = judge(drafts, jobs, trace_a, baseline=trace_n, noise_factor=float(noise_factor),
                          ignore=ignore_rules, run=run)
     set_steps(drafts, trace_b)
-    again = [job for job in reread_jobs(drafts, jobs, measurements, logits_patterns) if job[3].order not in sliced_b]
+    again = reread_jobs(drafts, jobs, measurements, logits_patterns, sliced)
     with _workers(_pair_bytes(again)) as run:  # only what the comparison could not annotate is read again
         logits_verdicts = annotate_rows(drafts, jobs, trace_a, trace_b, logits=logits_patterns, run=run,
-                                        measurements=measurements, measured_apart=sliced)
+                                        measurements=measurements, measured_apart=sliced, spans=spans)
     rows = freeze_rows(drafts)  # decided: from here on every row is a frozen TensorComparison
     del drafts
     # sharded traces: whose shard first goes out of tolerance
@@ -319,7 +319,7 @@ def _align(a: TraceLike, b: TraceLike, group: Group | None, *, atol: Tolerance, 
     marked = mark_unrecorded_origin(kept, matching.gaps_a, matching.gaps_b)  # after the origins above
     steps = summarize_steps(marked, trace_a, trace_b, selected=step, note=step_note, counts=step_counts)
     first = next((row for row in marked if row.within_tolerance is False), None)
-    strip = None if first is None else position_strip(first, jobs[first.order], trace_a, trace_b) \
+    strip = None if first is None else position_strip(first, jobs[first.order], trace_a, trace_b, spans) \
         if first.order not in sliced or merged is None else _strip_of(merged, first, jobs[first.order], trace_b)
     unpaired_b = [n for n in matching.unmatched_b if id(n) not in matching.idle]
     source = likely_source(first, jobs, unpaired_b) if first is not None else None

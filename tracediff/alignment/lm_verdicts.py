@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import fnmatch
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Container, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -57,14 +58,35 @@ _LOGITS_SLOT = "outputs.logits"
 
 
 
-def position_strip(row: TensorComparison, job: Job, a: Trace, b: Trace) -> PositionStrip | None:
-    """The per-position errors of ``row`` (read from both payloads), or None when it has no sequence dimension."""
+@dataclass(frozen=True)
+class TokenSpans:
+    """Which tokens each call of a trace reads: ``(first absolute position, count)`` of the top-level call it ran
+    under (``(0, None)`` when unknown). Built once per alignment: it walks the whole tree."""
+
+    starts: Mapping[int, tuple[int, int | None]]
+    roots: Mapping[tuple[str, int], int]
+
+    @classmethod
+    def of(cls, trace: Trace) -> TokenSpans:
+        return cls(sequence_starts(trace), root_of_calls(trace))
+
+    def of_call(self, node: Node) -> tuple[int, int | None]:
+        index = self.roots.get((node.module_path, node.call_index))
+        return self.starts.get(index, (0, None)) if index is not None else (0, None)
+
+    def axis(self, node: Node, slot: str, shape: tuple[int, ...]) -> tuple[int, int] | None:
+        """The sequence dimension of ``node``'s tensor of ``slot`` and ``shape``, and the position of its index 0."""
+        return _sequence_axis(slot, shape, *self.of_call(node))
+
+
+def position_strip(row: TensorComparison, job: Job, a: Trace, b: Trace, spans: TokenSpans | None = None
+                   ) -> PositionStrip | None:
+    """The per-position errors of ``row`` (read from both payloads), or None when it has no sequence dimension;
+    ``spans``: ``TokenSpans.of(b)``, when already made."""
     _, ra, nb, rb = job
     if not (ra.has_payload and rb.has_payload) or ra.shape != rb.shape or row.approximate or row.op is not None:
         return None
-    index = root_of_calls(b).get((nb.module_path, nb.call_index))
-    start, length = sequence_starts(b).get(index, (0, None)) if index is not None else (0, None)
-    axis = _sequence_axis(rb.slot, rb.shape or (), start, length)
+    axis = (spans or TokenSpans.of(b)).axis(nb, rb.slot, rb.shape or ())
     values = _read_pair(a, ra, b, rb) if axis is not None else None
     if values is None or axis is None:
         return None
@@ -73,14 +95,11 @@ def position_strip(row: TensorComparison, job: Job, a: Trace, b: Trace) -> Posit
     return PositionStrip(row.order, first, tuple(float(r) for r in ratios))
 
 
-def pair_sequence_axis(job: Job, starts: Mapping[int, tuple[int, int | None]],
-                       roots: Mapping[tuple[str, int], int]) -> tuple[int, int] | None:
+def pair_sequence_axis(job: Job, spans: TokenSpans) -> tuple[int, int] | None:
     """The sequence dimension of ``job``'s tensor and the position of its index 0, as ``annotate_rows`` finds
-    them (``starts``, ``roots``: ``sequence_starts(b)`` and ``root_of_calls(b)``, computed once)."""
+    them (``spans``: ``TokenSpans.of(b)``)."""
     _, _, nb, rb = job
-    index = roots.get((nb.module_path, nb.call_index))
-    start, length = starts.get(index, (0, None)) if index is not None else (0, None)
-    return _sequence_axis(rb.slot, rb.shape or (), start, length)
+    return spans.axis(nb, rb.slot, rb.shape or ())
 
 
 def _sequence_axis(slot: str, shape: tuple[int, ...], start: int, length: int | None) -> tuple[int, int] | None:
@@ -118,18 +137,13 @@ def _set(row: RowDraft, **fields: Any) -> None:
         setattr(row, name, value)
 
 
-def sequence_axes(b: Trace) -> Callable[[Node, TensorRecord], int | None]:
+def sequence_axes(spans: TokenSpans) -> Callable[[Node, TensorRecord], int | None]:
     """``axis(node, record)``: the sequence dimension of B's tensor ``record`` of call ``node`` (None: none),
     so that the comparison finds the positions out of tolerance in the same pass as the metrics."""
-    starts = sequence_starts(b)
-    roots = root_of_calls(b)
-
     def axis(node: Node, record: TensorRecord) -> int | None:
         if not record.has_payload or not record.shape:
             return None
-        index = roots.get((node.module_path, node.call_index))
-        start, length = starts.get(index, (0, None)) if index is not None else (0, None)
-        found = _sequence_axis(record.slot, record.shape, start, length)
+        found = spans.axis(node, record.slot, record.shape)
         return None if found is None else found[0]
 
     return axis
@@ -142,11 +156,12 @@ def _from_pass(row: RowDraft, measurement: Measurement | None, logits_row: bool)
 
 
 def reread_jobs(rows: Sequence[RowDraft], jobs: Sequence[Job], measurements: Sequence[Measurement | None],
-                logits: tuple[str, ...]) -> list[Job]:
-    """The pairs ``annotate_rows`` reads again: logits rows, and rows whose comparison could not annotate them."""
+                logits: tuple[str, ...], measured_apart: Container[int] = ()) -> list[Job]:
+    """The pairs ``annotate_rows`` reads again: logits rows, and rows whose comparison could not annotate them
+    (never a row ``measured_apart``, by order: its pair is not read whole)."""
     again = []
     for row in rows:
-        if row.order >= len(jobs) or row.op is not None:
+        if row.order >= len(jobs) or row.op is not None or row.order in measured_apart:
             continue
         job = jobs[row.order]
         logits_row = is_logits_row(row, job[2].relative_path, logits)
@@ -158,8 +173,8 @@ def reread_jobs(rows: Sequence[RowDraft], jobs: Sequence[Job], measurements: Seq
 def annotate_rows(rows: Sequence[RowDraft], jobs: Sequence[Job], a: Trace, b: Trace, *,
                   logits: tuple[str, ...] = (), run: Runner | None = None,
                   measurements: Sequence[Measurement | None] = (),
-                  measured_apart: Mapping[int, tuple[float, np.ndarray | None]] | None = None
-                  ) -> tuple[LogitsVerdict, ...]:
+                  measured_apart: Mapping[int, tuple[float, np.ndarray | None]] | None = None,
+                  spans: TokenSpans | None = None) -> tuple[LogitsVerdict, ...]:
     """Fill ``pcc``, ``position``, ``positions_beyond`` and the logits columns of ``rows`` (still being built);
     returns the logits verdicts. ``jobs[row.order]`` is the pair a row compared. ``run(fn, items)`` maps
     ``fn`` over the rows (the alignment's worker threads: each row is read and annotated on its own).
@@ -172,9 +187,9 @@ def annotate_rows(rows: Sequence[RowDraft], jobs: Sequence[Job], a: Trace, b: Tr
     ``measured_apart``: for rows measured in parts where their shards live (``align(..., distributed=True)``),
     by row order, the Pearson correlation and the positions along the sequence dimension holding an element
     out of tolerance (None: none); those pairs are not read again, so they get no logits verdict.
+    ``spans``: ``TokenSpans.of(b)``, when already made.
     """
-    starts = sequence_starts(b)
-    roots = root_of_calls(b)
+    spans = spans or TokenSpans.of(b)
 
     def annotate(row: RowDraft) -> LogitsVerdict | None:
         if row.order >= len(jobs) or row.op is not None:
@@ -185,8 +200,7 @@ def annotate_rows(rows: Sequence[RowDraft], jobs: Sequence[Job], a: Trace, b: Tr
             _set(row, pcc=1.0, positions_beyond=0)
             if not logits_row:
                 return None
-        index = roots.get((nb.module_path, nb.call_index))
-        start, length = starts.get(index, (0, None)) if index is not None else (0, None)
+        start, length = spans.of_call(nb)
         cache = fmt.is_cache_slot(rb.slot)  # the positions before the step (see _sequence_axis)
         if length == 1 and row.within_tolerance is False and not cache:  # one token read: every error is there
             _set(row, position=start, positions_beyond=1)

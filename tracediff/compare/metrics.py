@@ -295,7 +295,7 @@ class _Accumulator:
             self.mismatched += failed
             if failed and tracker is not None and start is not None:
                 if exact:  # the float64 count subtracts before comparing: the rule itself names the positions
-                    tracker.add_rule(start, a, b, self.atol, self.rtol)
+                    tracker.add(start, ~passes(absdiff, absa, self.atol, self.rtol))  # |a - b| and |a|, as held
                 else:
                     tracker.add(start, scratch.mask[:a.size])
         if self.max_rel == math.inf:

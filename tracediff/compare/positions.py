@@ -52,8 +52,9 @@ def positions_of(per_position: np.ndarray, dim: int) -> PositionErrors:
     return PositionErrors(dim, int(hits[0]) if hits.size else None, int(hits.size), int(per_position.size))
 
 
-def beyond_per_position(a: np.ndarray, b: np.ndarray, *, atol: float, rtol: float, dim: int) -> np.ndarray:
-    """Per position along ``dim``: whether one of its elements breaks the pass rule."""
+def beyond_elements(a: np.ndarray, b: np.ndarray, *, atol: float, rtol: float) -> np.ndarray:
+    """Per element: whether it breaks the pass rule ``|a - b| <= atol + rtol |a|``, in float64 (NaN against
+    NaN, or an infinity against the same one, is no error)."""
     a64, b64 = a.astype(np.float64, copy=False), b.astype(np.float64, copy=False)
     with np.errstate(all="ignore"):
         diff = np.abs(a64 - b64)
@@ -63,8 +64,14 @@ def beyond_per_position(a: np.ndarray, b: np.ndarray, *, atol: float, rtol: floa
         bad = np.less_equal(diff, bound)
         np.logical_not(bad, out=bad)
         del diff, bound
-        if not np.isfinite(a64).all():  # NaN against NaN, or an infinity against the same one, is no error
+        if not np.isfinite(a64).all():
             bad &= ~((np.isnan(a64) & np.isnan(b64)) | (np.isinf(a64) & (a64 == b64)))
+    return bad
+
+
+def beyond_per_position(a: np.ndarray, b: np.ndarray, *, atol: float, rtol: float, dim: int) -> np.ndarray:
+    """Per position along ``dim``: whether one of its elements breaks the pass rule."""
+    bad = beyond_elements(a, b, atol=atol, rtol=rtol)
     return np.asarray(np.moveaxis(bad, dim, 0).reshape(a.shape[dim], -1).any(axis=1))
 
 

@@ -40,8 +40,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .positions import PositionErrors
-from .rule import passes
+from .positions import PositionErrors, beyond_elements, positions_of
 
 # var(a) or var(b) below this fraction of the sums it is taken from is rounding: a float32 dot product over a
 # chunk is good to about 1e-6 of its value.
@@ -141,15 +140,10 @@ class PositionTracker:
 
     def add_rule(self, start: int, a: np.ndarray, b: np.ndarray, atol: float, rtol: float) -> None:
         """Mark the failures of a chunk by the rule itself, in float64 (chunks with a NaN or an infinity)."""
-        a64, b64 = a.astype(np.float64, copy=False), b.astype(np.float64, copy=False)
-        with np.errstate(all="ignore"):
-            bad = ~passes(np.abs(a64 - b64), np.abs(a64), atol, rtol)
-            bad &= ~((np.isnan(a64) & np.isnan(b64)) | (np.isinf(a64) & (a64 == b64)))
-        self.add(start, bad)
+        self.add(start, beyond_elements(a, b, atol=atol, rtol=rtol))
 
     def result(self) -> PositionErrors:
-        hits = np.flatnonzero(self.hit)
-        return PositionErrors(self.dim, int(hits[0]) if hits.size else None, int(hits.size), self.length)
+        return positions_of(self.hit, self.dim)
 
 
 @dataclass(frozen=True)

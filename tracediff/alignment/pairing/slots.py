@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 
 from ... import format as fmt
+from ...compare.masks import MASKED_AT
 from ...compare.shapes import squeezed
 from ...maps.rules import SlotRules
 from ...maps.safety import compiled
@@ -175,7 +176,7 @@ def _masked_fractions(record: TensorRecord) -> set[float]:
     kept = zeros / numel
     if record.dtype in ("torch.bool", "bool"):
         return {kept, 1.0 - kept}
-    if isinstance(low, (int, float)) and isinstance(high, (int, float)) and high == 0 and low <= -1e4:
+    if isinstance(low, (int, float)) and isinstance(high, (int, float)) and high == 0 and low <= MASKED_AT:
         return {1.0 - kept}
     return set()
 

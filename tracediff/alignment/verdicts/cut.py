@@ -18,12 +18,25 @@ from ..rows import RowDraft
 
 def accept_cut_elsewhere(rows: Sequence[RowDraft], jobs: Sequence[Job]) -> None:
     """Accept each diverged output row whose value one side passes on unchanged to an input that agrees."""
+    # agreeing input rows by payload, on each side: the only rows an output can flow into unchanged (this
+    # pass changes output rows alone, so the index stays true while it runs)
+    by_a: dict[str, list[int]] = {}
+    by_b: dict[str, list[int]] = {}
+    for later, (_, la, _, lb) in enumerate(jobs):
+        if rows[later].within_tolerance is True and la.slot.startswith("inputs"):
+            if la.payload is not None:
+                by_a.setdefault(la.payload, []).append(later)
+            if lb.payload is not None:
+                by_b.setdefault(lb.payload, []).append(later)
     for index, row in enumerate(rows):
         node_a, ra, node_b, rb = jobs[index]
         if row.within_tolerance is not False or not ra.slot.startswith("outputs") or row.transform is not None:
             continue
-        for later, (_, la, lnode_b, lb) in enumerate(jobs):
-            if later == index or rows[later].within_tolerance is not True or not la.slot.startswith("inputs"):
+        candidates = set(by_a.get(ra.payload, ()) if ra.payload is not None else ()) | set(
+            by_b.get(rb.payload, ()) if rb.payload is not None else ())
+        for later in sorted(candidates):
+            _, la, lnode_b, lb = jobs[later]
+            if later == index:
                 continue
             flows_a = la.payload is not None and la.payload == ra.payload and lb.payload != rb.payload
             flows_b = lb.payload is not None and lb.payload == rb.payload and la.payload != ra.payload
