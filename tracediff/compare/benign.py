@@ -84,23 +84,21 @@ def _as_real_pairs(p: Payload) -> Payload:
                    "float64" if wide else "float32")
 
 
-def _extremes(p: Payload) -> tuple[float, float]:
-    """The smallest and largest value, NaN left out (chunk by chunk: bits are widened a chunk at a time)."""
+def _extremes(p: Payload, *, highest: bool = True) -> tuple[float, float]:
+    """The smallest and largest value, NaN left out (chunk by chunk: bits are widened a chunk at a time);
+    ``highest=False``: the smallest only (one reduction, a cheap first look), the largest given as -inf."""
     flat = p.values.reshape(-1)
     low, high = math.inf, -math.inf
     for start in range(0, flat.size, _CHUNK):
         chunk = as_floats(flat[start:start + _CHUNK], p.dtype, np.float64 if p.dtype == "float64" else np.float32)
-        low, high = min(low, float(np.fmin.reduce(chunk))), max(high, float(np.fmax.reduce(chunk)))
+        low = min(low, float(np.fmin.reduce(chunk)))
+        if highest:
+            high = max(high, float(np.fmax.reduce(chunk)))
     return low, high
 
 
 def _lowest(p: Payload) -> float:
-    """The smallest value, NaN left out (one reduction: a cheap first look)."""
-    flat, low = p.values.reshape(-1), math.inf
-    for start in range(0, flat.size, _CHUNK):
-        chunk = as_floats(flat[start:start + _CHUNK], p.dtype, np.float64 if p.dtype == "float64" else np.float32)
-        low = min(low, float(np.fmin.reduce(chunk)))
-    return low
+    return _extremes(p, highest=False)[0]
 
 
 def saturated_note(count: int) -> str:
