@@ -121,3 +121,28 @@ def test_verify_reruns_on_every_rank(two_ranks: Path) -> None:
     for rank in (0, 1):
         verification = _session(two_ranks, "dtensor_verify", rank)["verification"]
         assert verification == {"identical": True, "compared": 2, "differences": []}
+
+
+SPEC_STARTING_A_GROUP = """
+import torch
+
+def build():
+    torch.distributed.init_process_group("gloo")
+    return torch.nn.Linear(2, 2), torch.ones(1, 2)
+"""
+
+
+def test_the_command_line_tears_down_the_group_its_spec_started(tmp_path: Path) -> None:
+    """Left to interpreter shutdown, gloo's threads can still be joinable and a rank aborts (SIGABRT) after a
+    complete trace: ``tracediff capture`` under torchrun is a whole process, so it ends the group itself."""
+    (tmp_path / "spec.py").write_text(SPEC_STARTING_A_GROUP)
+    env = {**os.environ, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(_free_port()),
+           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    script = ("import torch.distributed as dist; from tracediff.cli.main import main; "
+              f"code = main(['capture', {str(tmp_path / 'spec.py')!r} + ':build', '--ranks', 'all', '--out', "
+              f"{str(tmp_path / 'out')!r}]); print('exit', code, 'group', dist.is_initialized())")
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines()[-1] == "exit 0 group False"
+    assert (tmp_path / "out" / "tracediff_metadata.json").is_file()  # one rank: a plain trace folder

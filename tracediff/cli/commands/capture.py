@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from typing import Any
 
@@ -78,14 +79,19 @@ def run(args: argparse.Namespace) -> int:
     from ...capturing.inputs_map import parse_inputs_map
     from ...capturing.spec import capture_spec
 
-    session = capture_spec(args.spec, args.out, inputs=args.inputs, save_inputs_to=args.save_inputs,
-                           tensors=args.tensors, overwrite=args.overwrite, verify=args.verify,
-                           prune_layers=args.prune_layers, backward=args.backward, progress=True,
-                           dtype=args.dtype, device=args.device, inputs_map=parse_inputs_map(args.inputs_map),
-                           on_note=lambda note: print(f"tracediff capture: {note}"), writers=args.writers,
-                           pool_mb=args.pool_mb, generate=args.generate, max_new_tokens=args.max_new_tokens,
-                           steps=args.steps, teacher_forcing=args.teacher_forcing, other_steps=args.other_steps,
-                           ranks="all" if args.ranks == "all" else 0, **ops_kwargs(args))
+    try:
+        session = capture_spec(args.spec, args.out, inputs=args.inputs, save_inputs_to=args.save_inputs,
+                               tensors=args.tensors, overwrite=args.overwrite, verify=args.verify,
+                               prune_layers=args.prune_layers, backward=args.backward, progress=True,
+                               dtype=args.dtype, device=args.device, inputs_map=parse_inputs_map(args.inputs_map),
+                               on_note=lambda note: print(f"tracediff capture: {note}"), writers=args.writers,
+                               pool_mb=args.pool_mb, generate=args.generate, max_new_tokens=args.max_new_tokens,
+                               steps=args.steps, teacher_forcing=args.teacher_forcing, other_steps=args.other_steps,
+                               ranks="all" if args.ranks == "all" else 0, **ops_kwargs(args))
+    except BaseException:
+        _release_process_group(wait=False)
+        raise
+    _release_process_group(wait=True)
     size = session.payload_bytes / 1e6
     ops = f" and {session.ops} ops" if session.ops else ""
     steps = session.metadata.get("options", {}).get("steps")
@@ -102,3 +108,18 @@ def run(args: argparse.Namespace) -> int:
             print(f"verification failed: {'; '.join(v.differences)}", file=sys.stderr)
             return 1
     return 0
+
+
+def _release_process_group(wait: bool) -> None:
+    """Tear down a process group the SPEC started (under torchrun) before this process exits: left to interpreter
+    shutdown, gloo's threads are sometimes still joinable and the rank aborts (SIGABRT) after writing a complete
+    trace. ``wait``: first let every rank finish writing."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return
+    if not wait:
+        with contextlib.suppress(Exception):  # the capture already failed: its error is the one to report
+            dist.destroy_process_group()
+        return
+    dist.barrier()
+    dist.destroy_process_group()
