@@ -11,9 +11,7 @@ finding says "its bytes differ" instead of how far. Positions and the position s
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -23,6 +21,7 @@ import pytest
 
 import tracediff
 from tests.alignment.helpers import run_cli
+from tests.distributed.launch import torchrun
 from tests.distributed.same_report import assert_same_report
 from tracediff.compare.metrics import compare_tensors
 from tracediff.compare.parts import measure_part, merge_parts
@@ -33,17 +32,10 @@ if not torch.distributed.is_available() or not torch.distributed.is_gloo_availab
     pytest.skip("torch.distributed with gloo is needed", allow_module_level=True)
 
 HERE = Path(__file__).parent
-REPO = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 import plain_tp  # noqa: E402
 
 MISTAKES = ("none", "embedding_no_mask", "no_allreduce", "sp_no_gather")
-
-
-def _torchrun(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                           *args], env=env, capture_output=True, text=True, timeout=300)
 
 
 #: planted after the run in a copy of plain_none: rank 1's copy of a replicated tensor (the embedding's output),
@@ -67,13 +59,13 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("distalign")
     plain_tp.run(root / "plain_ref", "none")
     (root / "rules.txt").write_text(plain_tp.SHARDS_RULES)
-    done = _torchrun(str(HERE / "plain_tp.py"), "tp", str(root), ",".join(MISTAKES))
+    done = torchrun(str(HERE / "plain_tp.py"), "tp", str(root), ",".join(MISTAKES))
     assert done.returncode == 0, done.stderr[-4000:]
     for name in CHANGED:
         _changed(root, name)
     (root / "out").mkdir()
     cases = [f"{name}={root / f'plain_{name}'}" for name in (*MISTAKES, *CHANGED)]
-    done = _torchrun(str(HERE / "align_run.py"), str(root / "out"), str(root / "plain_ref"), str(root / "rules.txt"),
+    done = torchrun(str(HERE / "align_run.py"), str(root / "out"), str(root / "plain_ref"), str(root / "rules.txt"),
                      *cases)
     assert done.returncode == 0, done.stderr[-4000:]
     return root
@@ -108,7 +100,7 @@ def test_the_distributed_report_is_the_one_process_report(runs: Path, name: str,
 
 def test_the_command_line_under_torchrun_writes_one_report_and_every_rank_exits_alike(runs: Path) -> None:
     report = runs / "cli_report.json"
-    done = _torchrun("-m", "tracediff", "align", str(runs / "plain_ref"), str(runs / "plain_no_allreduce"),
+    done = torchrun("-m", "tracediff", "align", str(runs / "plain_ref"), str(runs / "plain_no_allreduce"),
                      "--shards", str(runs / "rules.txt"), "--distributed", "--format", "json", "-o", str(report))
     # a rank that exits 1 (diverged) is a failed worker to torchrun: it exits 1 and lists each rank's code
     assert done.returncode == 1

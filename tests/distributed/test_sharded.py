@@ -11,9 +11,7 @@ sums are reordered and differ from one process by a few ulps, never by the plant
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -23,6 +21,7 @@ import pytest
 
 import tracediff
 from tests.alignment.helpers import run_cli
+from tests.distributed.launch import torchrun
 from tracediff import format as fmt
 from tracediff.errors import TraceFormatError, UsageError
 from tracediff.sharding import load_sharded, parse_rules
@@ -36,7 +35,6 @@ if not torch.distributed.is_available() or not torch.distributed.is_gloo_availab
     pytest.skip("torch.distributed with gloo is needed", allow_module_level=True)
 
 HERE = Path(__file__).parent
-REPO = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 import fsdp_run  # noqa: E402
 import plain_tp  # noqa: E402
@@ -48,10 +46,8 @@ PLAIN_MISTAKES = ("none", "embedding_no_mask", "no_allreduce", "sp_no_gather", "
 
 
 def _torchrun(script: str, *args: str) -> str:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     target = ["-m", "tracediff"] if script == "tracediff" else [str(HERE / script)]
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                           *target, *args], env=env, capture_output=True, text=True, timeout=300)
+    done = torchrun(*target, *args)
     assert done.returncode == 0, done.stderr[-4000:]
     return done.stdout
 
