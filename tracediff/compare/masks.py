@@ -37,8 +37,7 @@ class MaskPair:
     a: np.ndarray
     b: np.ndarray
     note: str
-    convention_a: str
-    convention_b: str
+    convention_b: str  # how B writes its mask (replay writes A's positions that way)
 
     @property
     def same(self) -> bool:
@@ -131,22 +130,13 @@ def as_masks(a: Payload, b: Payload) -> MaskPair | None:
     if not apart:
         return MaskPair(masked_a, masked_b, f"the same mask in other conventions ({conventions}): "
                                             f"{int(np.count_nonzero(masked_a))} masked positions on both sides",
-                        name_a, name_b)
+                        name_b)
     only_a = int(np.count_nonzero(masked_a & ~masked_b))
     only_b = int(np.count_nonzero(masked_b & ~masked_a))
     return MaskPair(masked_a, masked_b, f"mask difference ({conventions}): {only_a} position(s) masked in A "
-                                        f"only, {only_b} in B only", name_a, name_b)
+                                        f"only, {only_b} in B only", name_b)
 
 
 def _shape(shape: tuple[int, ...]) -> str:
     return "[" + ", ".join(str(d) for d in shape) + "]"
 
-
-def masks_payloads(a: Payload, b: Payload) -> tuple[Payload, Payload, str] | None:
-    """The pair as boolean payloads of masked positions (one shape) with the row's note, or None (see
-    :func:`as_masks`)."""
-    pair = as_masks(a, b)
-    if pair is None:
-        return None
-    return (Payload(np.ascontiguousarray(pair.a), "bool"), Payload(np.ascontiguousarray(pair.b), "bool"),
-            pair.note)

@@ -13,7 +13,7 @@ from ..trace.load import Trace
 from ..trace.model import TensorRecord
 from ..trace.payload import Payload, is_complex, payload_of
 from .benign import MASKED_SCORE_AT, exact_mismatches, is_exact_dtype, prepare_pair, settle_masked_one_side
-from .masks import masks_payloads, may_be_mask
+from .masks import as_masks, may_be_mask
 from .measurement import Measurement, dtype_note, measured, unmeasured
 from .metrics import PairMetrics, compare_tensors, measure_tensors
 from .raw_payload import identical_pair
@@ -40,10 +40,10 @@ def compare_payloads(
     except TracediffError as e:
         return unmeasured("unreadable", None, str(e))
     # attention masks in other conventions or layouts: compared as masked positions (statistics rule most out)
-    masks = masks_payloads(a, b) if may_be_mask(ra.dtype, ra.stats) and may_be_mask(rb.dtype, rb.stats) else None
+    masks = as_masks(a, b) if may_be_mask(ra.dtype, ra.stats) and may_be_mask(rb.dtype, rb.stats) else None
     if masks is not None:
-        a, b, mask_note = masks
-        return measured(_compare_exact(a, b), approximate=False, note=mask_note)
+        masked_a, masked_b = (Payload(np.ascontiguousarray(m), "bool") for m in (masks.a, masks.b))
+        return measured(_compare_exact(masked_a, masked_b), approximate=False, note=masks.note)
     if a.shape != b.shape and not squeezable(a.shape, b.shape):
         return unmeasured("shape_mismatch", False, f"shape differs: {list(a.shape)} vs {list(b.shape)}")
     stored = [_stored_dtype_note(side, r, t) for side, r, t in (("A", ra, a), ("B", rb, b))]

@@ -51,10 +51,16 @@ def _innermost(parent: Node, value: TensorRecord, unpaired: set[int]) -> tuple[N
         deeper = _innermost(child, value, unpaired)
         if deeper is not None:
             return deeper
-        made = next((r for r in child.outputs() if _same_value(r, value)), None)
-        if made is not None and not any(_same_value(r, value) for r in child.inputs()):
+        made = _returned(child, value)
+        if made is not None:
             return child, made
     return None
+
+
+def _returned(node: Node, value: TensorRecord) -> TensorRecord | None:
+    """The output of ``node`` that is ``value``, when ``node`` made it (did not take it as an input too)."""
+    made = next((r for r in node.outputs() if _same_value(r, value)), None)
+    return made if made is not None and not any(_same_value(r, value) for r in node.inputs()) else None
 
 
 def _same_value(one: TensorRecord, other: TensorRecord) -> bool:
@@ -131,7 +137,7 @@ def _producer(feeding: list[tuple[Node, TensorRecord, str]], unpaired_b: list[No
         before = [n for n in unpaired_b if n.enter_order < consumer.enter_order and id(n) not in enclosing
                   and id(n) not in seen]
         for node in sorted(before, key=lambda n: -n.enter_order):
-            made = next((o for o in node.outputs() if _same_value(o, record)), None)
-            if made is not None and not any(_same_value(i, record) for i in node.inputs()):
+            made = _returned(node, record)
+            if made is not None:
                 return node, made, consumer, record, how
     return None

@@ -187,14 +187,15 @@ def _masks_alike(spare_a: list[TensorRecord], spare_b: list[TensorRecord]) -> Te
     (their values differ everywhere a position is masked). Each tensor at most once, in recorded order."""
     out: TensorPairs = []
     used: set[int] = set()
+    fractions_b = [_masked_fractions(y) for y in spare_b]
     for x in spare_a:
         fractions = _masked_fractions(x)
         if not fractions or x.shape is None:
             continue
-        for y in spare_b:
+        for y, fractions_y in zip(spare_b, fractions_b):
             if id(y) in used or y.shape is None or (x.dtype == y.dtype):
                 continue
-            if any(abs(f - g) < 1e-9 for f in fractions for g in _masked_fractions(y)) and \
+            if any(abs(f - g) < 1e-9 for f in fractions for g in fractions_y) and \
                     _broadcastable(squeezed(x.shape), squeezed(y.shape)):
                 out.append((x, y))
                 used.add(id(y))

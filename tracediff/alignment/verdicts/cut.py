@@ -29,15 +29,13 @@ def accept_cut_elsewhere(rows: Sequence[RowDraft], jobs: Sequence[Job]) -> None:
             if lb.payload is not None:
                 by_b.setdefault(lb.payload, []).append(later)
     for index, row in enumerate(rows):
-        node_a, ra, node_b, rb = jobs[index]
+        _, ra, _, rb = jobs[index]
         if row.within_tolerance is not False or not ra.slot.startswith("outputs") or row.transform is not None:
             continue
         candidates = set(by_a.get(ra.payload, ()) if ra.payload is not None else ()) | set(
             by_b.get(rb.payload, ()) if rb.payload is not None else ())
         for later in sorted(candidates):
             _, la, lnode_b, lb = jobs[later]
-            if later == index:
-                continue
             flows_a = la.payload is not None and la.payload == ra.payload and lb.payload != rb.payload
             flows_b = lb.payload is not None and lb.payload == rb.payload and la.payload != ra.payload
             if flows_a or flows_b:
