@@ -122,17 +122,18 @@ def test_distributed_without_torchrun_is_a_usage_error(runs: Path, capsys: Any, 
 def test_a_launch_of_another_size_than_the_rank_folders_is_a_usage_error(runs: Path) -> None:
     """Refused on every rank before any collective (so no rank waits for another): checked here in one process."""
     from tracediff.alignment.distributed import Group, measure_where_stored
+    from tracediff.alignment.lm_verdicts import TokenSpans
     from tracediff.sharding import load_sharded
 
     trace_b = load_sharded(runs / "plain_none", shards=tracediff.sharding.read_rules(runs / "rules.txt"))
     ref = tracediff.load_trace(runs / "plain_ref")
     with pytest.raises(UsageError) as caught:
-        measure_where_stored(Group(0, 3), [], ref, trace_b, lambda order: (0.0, 0.0), {})
+        measure_where_stored(Group(0, 3), [], ref, trace_b, lambda order: (0.0, 0.0), {}, TokenSpans.of(trace_b))
     assert str(caught.value) == (f"{runs / 'plain_none'}: --distributed runs one process per rank folder of B, and "
                                  "B holds 2 rank folders for 3 processes: launch torchrun --nproc-per-node with "
                                  "B's rank count")
     with pytest.raises(UsageError, match="B is not a multi-rank folder for 2 processes"):
-        measure_where_stored(Group(0, 2), [], ref, ref, lambda order: (0.0, 0.0), {})
+        measure_where_stored(Group(0, 2), [], ref, ref, lambda order: (0.0, 0.0), {}, TokenSpans.of(ref))
 
 
 # --- the parts merged, without torchrun ----------------------------------------------------------------------

@@ -34,7 +34,7 @@ from ..sharding import ShardedTrace
 from ..trace.load import Trace
 from ..trace.payload import as_floats, is_floating
 from .lm_results import PositionStrip
-from .lm_verdicts import TokenSpans, pair_sequence_axis
+from .lm_verdicts import TokenSpans
 from .result import Job, TensorComparison
 
 _ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -128,11 +128,13 @@ _Local = tuple[int, Any, str | None, tuple[int, np.ndarray] | None, int]
 
 
 def measure_where_stored(group: Group, jobs: list[Job], trace_a: Trace, trace_b: Trace,
-                         tolerance: Callable[[int], tuple[float, float]], how: dict[Any, Any]) -> Merged | None:
+                         tolerance: Callable[[int], tuple[float, float]], how: dict[Any, Any], spans: TokenSpans
+                         ) -> Merged | None:
     """Each rank measures its shard of every pair it can; rank 0 gets the merged rows (other ranks: None).
 
     Collective: every rank of ``group`` must call it with the same jobs. ``tolerance(order)`` is the pair's
-    (atol, rtol); ``how`` the plan's layout transforms (pairs compared through one are left to rank 0)."""
+    (atol, rtol); ``how`` the plan's layout transforms (pairs compared through one are left to rank 0);
+    ``spans``: ``TokenSpans.of(trace_b)``."""
     import torch.distributed as dist
 
     sharded = trace_b if isinstance(trace_b, ShardedTrace) else None
@@ -143,7 +145,7 @@ def measure_where_stored(group: Group, jobs: list[Job], trace_a: Trace, trace_b:
     orders = [i for i, job in enumerate(jobs) if _splittable(job, trace_a, sharded, how, group.world)]
     local: list[_Local] = []
     failure: str | None = None
-    axes = _axes(jobs, orders, trace_b)
+    axes = _axes(jobs, orders, spans)
     for order in orders:
         try:
             local.append(_measure_mine(group.rank, jobs[order], trace_a, sharded, *tolerance(order), axes.get(order)))
@@ -181,10 +183,10 @@ def measure_where_stored(group: Group, jobs: list[Job], trace_a: Trace, trace_b:
     return merged
 
 
-def strip_of(merged: Merged, first: TensorComparison, job: Job, trace_b: Trace) -> PositionStrip | None:
+def strip_of(merged: Merged, first: TensorComparison, job: Job, spans: TokenSpans) -> PositionStrip | None:
     """The position strip of ``first``, a row sliced over ranks, from the ratios its ranks sent (None: none)."""
     ratios = merged.strips.get(first.order)
-    axis = pair_sequence_axis(job, TokenSpans.of(trace_b))
+    axis = spans.of_pair(job)
     if ratios is None or axis is None:
         return None
     return PositionStrip(first.order, axis[1], tuple(float(r) for r in ratios))
@@ -231,12 +233,9 @@ def _splittable(job: Job, trace_a: Trace, trace_b: ShardedTrace, how: dict[Any, 
     return len(trace_b.shard_views(rb)) == world
 
 
-def _axes(jobs: list[Job], orders: list[int], trace_b: Trace) -> dict[int, int]:
+def _axes(jobs: list[Job], orders: list[int], spans: TokenSpans) -> dict[int, int]:
     """The sequence dimension of each pair that has one (positions are named along it)."""
-    if not orders:
-        return {}
-    spans = TokenSpans.of(trace_b)
-    found = {order: pair_sequence_axis(jobs[order], spans) for order in orders}
+    found = {order: spans.of_pair(jobs[order]) for order in orders}
     return {order: axis[0] for order, axis in found.items() if axis is not None}
 
 

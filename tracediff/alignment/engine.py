@@ -84,10 +84,10 @@ def _shard_rules(shards: str | Path | ShardRules | None) -> ShardRules | None:
     return read_rules(shards)
 
 
-def _strip_of(merged: Any, first: TensorComparison, job: Job, trace_b: Trace) -> Any:
+def _strip_of(merged: Any, first: TensorComparison, job: Job, spans: TokenSpans) -> Any:
     from .distributed import strip_of
 
-    return strip_of(merged, first, job, trace_b)
+    return strip_of(merged, first, job, spans)
 
 
 def _load_sides(a: TraceLike, b: TraceLike, baseline: TraceLike | None, shards: ShardRules | None = None
@@ -243,18 +243,19 @@ def _align(a: TraceLike, b: TraceLike, group: Group | None, *, atol: Tolerance, 
     unmatched_b += op_pairing.unmatched_b
     jobs.sort(key=lambda job: job[3].order)
     merged = None
+    spans = TokenSpans.of(trace_b)
     if group is not None:  # each rank measures its own shards; rank 0 goes on with the merged rows
         from .distributed import measure_where_stored
 
         merged = measure_where_stored(group, jobs, trace_a, trace_b, lambda i: policy.resolve(
-            (jobs[i][0].relative_path, jobs[i][2].relative_path), jobs[i][1].dtype, jobs[i][3].dtype), plan.how)
+            (jobs[i][0].relative_path, jobs[i][2].relative_path), jobs[i][1].dtype, jobs[i][3].dtype), plan.how,
+            spans)
         if merged is None:
             return None
     apart = merged.measurements if merged is not None else {}
     sliced = merged.apart if merged is not None else {}  # rows whose pair is never read whole on rank 0
 
     tick = _progress(progress and (group is None or group.is_root), jobs)
-    spans = TokenSpans.of(trace_b)
     axis_of = sequence_axes(spans)
     # what the comparison of row i found for its annotations (pcc, positions): read once, in the same pass
     measurements: list[Measurement | None] = [None] * len(jobs)
@@ -320,7 +321,7 @@ def _align(a: TraceLike, b: TraceLike, group: Group | None, *, atol: Tolerance, 
     steps = summarize_steps(marked, trace_a, trace_b, selected=step, note=step_note, counts=step_counts)
     first = next((row for row in marked if row.within_tolerance is False), None)
     strip = None if first is None else position_strip(first, jobs[first.order], trace_a, trace_b, spans) \
-        if first.order not in sliced or merged is None else _strip_of(merged, first, jobs[first.order], trace_b)
+        if first.order not in sliced or merged is None else _strip_of(merged, first, jobs[first.order], spans)
     unpaired_b = [n for n in matching.unmatched_b if id(n) not in matching.idle]
     source = likely_source(first, jobs, unpaired_b) if first is not None else None
     return Alignment(

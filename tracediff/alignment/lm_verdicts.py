@@ -78,28 +78,25 @@ class TokenSpans:
         """The sequence dimension of ``node``'s tensor of ``slot`` and ``shape``, and the position of its index 0."""
         return _sequence_axis(slot, shape, *self.of_call(node))
 
+    def of_pair(self, job: Job) -> tuple[int, int] | None:
+        """The sequence dimension of ``job``'s tensor (B's side) and the position of its index 0."""
+        _, _, nb, rb = job
+        return self.axis(nb, rb.slot, rb.shape or ())
 
-def position_strip(row: TensorComparison, job: Job, a: Trace, b: Trace, spans: TokenSpans | None = None
-                   ) -> PositionStrip | None:
+
+def position_strip(row: TensorComparison, job: Job, a: Trace, b: Trace, spans: TokenSpans) -> PositionStrip | None:
     """The per-position errors of ``row`` (read from both payloads), or None when it has no sequence dimension;
-    ``spans``: ``TokenSpans.of(b)``, when already made."""
-    _, ra, nb, rb = job
+    ``spans``: ``TokenSpans.of(b)``."""
+    _, ra, _, rb = job
     if not (ra.has_payload and rb.has_payload) or ra.shape != rb.shape or row.approximate or row.op is not None:
         return None
-    axis = (spans or TokenSpans.of(b)).axis(nb, rb.slot, rb.shape or ())
+    axis = spans.of_pair(job)
     values = _read_pair(a, ra, b, rb) if axis is not None else None
     if values is None or axis is None:
         return None
     dim, first = axis
     ratios = position_error_ratios(values[0], values[1], atol=row.atol, rtol=row.rtol, dim=dim)
     return PositionStrip(row.order, first, tuple(float(r) for r in ratios))
-
-
-def pair_sequence_axis(job: Job, spans: TokenSpans) -> tuple[int, int] | None:
-    """The sequence dimension of ``job``'s tensor and the position of its index 0, as ``annotate_rows`` finds
-    them (``spans``: ``TokenSpans.of(b)``)."""
-    _, _, nb, rb = job
-    return spans.axis(nb, rb.slot, rb.shape or ())
 
 
 def _sequence_axis(slot: str, shape: tuple[int, ...], start: int, length: int | None) -> tuple[int, int] | None:
@@ -174,7 +171,7 @@ def annotate_rows(rows: Sequence[RowDraft], jobs: Sequence[Job], a: Trace, b: Tr
                   logits: tuple[str, ...] = (), run: Runner | None = None,
                   measurements: Sequence[Measurement | None] = (),
                   measured_apart: Mapping[int, tuple[float, np.ndarray | None]] | None = None,
-                  spans: TokenSpans | None = None) -> tuple[LogitsVerdict, ...]:
+                  spans: TokenSpans) -> tuple[LogitsVerdict, ...]:
     """Fill ``pcc``, ``position``, ``positions_beyond`` and the logits columns of ``rows`` (still being built);
     returns the logits verdicts. ``jobs[row.order]`` is the pair a row compared. ``run(fn, items)`` maps
     ``fn`` over the rows (the alignment's worker threads: each row is read and annotated on its own).
@@ -187,9 +184,8 @@ def annotate_rows(rows: Sequence[RowDraft], jobs: Sequence[Job], a: Trace, b: Tr
     ``measured_apart``: for rows measured in parts where their shards live (``align(..., distributed=True)``),
     by row order, the Pearson correlation and the positions along the sequence dimension holding an element
     out of tolerance (None: none); those pairs are not read again, so they get no logits verdict.
-    ``spans``: ``TokenSpans.of(b)``, when already made.
+    ``spans``: ``TokenSpans.of(b)``.
     """
-    spans = spans or TokenSpans.of(b)
 
     def annotate(row: RowDraft) -> LogitsVerdict | None:
         if row.order >= len(jobs) or row.op is not None:
@@ -206,42 +202,44 @@ def annotate_rows(rows: Sequence[RowDraft], jobs: Sequence[Job], a: Trace, b: Tr
             _set(row, position=start, positions_beyond=1)
         if not (ra.has_payload and rb.has_payload) or ra.shape != rb.shape or row.approximate:
             return None
+        span = (start, length)
         if measured_apart is not None and row.order in measured_apart:
             pcc, beyond = measured_apart[row.order]
             _set(row, pcc=pcc)
-            axis = _sequence_axis(rb.slot, rb.shape or (), start, length) if row.within_tolerance is False else None
-            if axis is not None:
-                dim, first = axis
-                _set_positions(row, first, positions_of(beyond if beyond is not None else np.zeros(0, bool), dim))
-            elif row.within_tolerance is True:
-                _set(row, positions_beyond=0)
+            _mark_positions(row, rb.slot, rb.shape or (), span,
+                            lambda dim: positions_of(beyond if beyond is not None else np.zeros(0, bool), dim))
             return None
         measurement = measurements[row.order] if row.order < len(measurements) else None
         if measurement is not None and _from_pass(row, measurement, logits_row):
             _set(row, pcc=measurement.pcc)
-            axis = _sequence_axis(rb.slot, rb.shape or (), start, length) if row.within_tolerance is False else None
-            if axis is not None and measurement.positions is not None:
-                _set_positions(row, axis[1], measurement.positions)
-            elif row.within_tolerance is True:
-                _set(row, positions_beyond=0)
+            _mark_positions(row, rb.slot, rb.shape or (), span, lambda dim: measurement.positions)
             return None
         values = _read_pair(a, ra, b, rb)
         if values is None:
             return None
         va, vb = values
         _set(row, pcc=pearson(va, vb))
-        axis = _sequence_axis(rb.slot, va.shape, start, length) if row.within_tolerance is False else None
-        if axis is not None:
-            dim, first = axis
-            _set_positions(row, first, positions_beyond_tolerance(va, vb, atol=row.atol, rtol=row.rtol, dim=dim))
-        elif row.within_tolerance is True:
-            _set(row, positions_beyond=0)
+        _mark_positions(row, rb.slot, va.shape, span,
+                        lambda dim: positions_beyond_tolerance(va, vb, atol=row.atol, rtol=row.rtol, dim=dim))
         if logits_row and va.ndim >= 1 and va.shape[-1] > 1:
             return _logits_verdict(row, va, vb, start if length is not None else 0)
         return None
 
     mapped = run(annotate, list(rows)) if run is not None else [annotate(row) for row in rows]
     return tuple(verdict for verdict in mapped if verdict is not None)
+
+
+def _mark_positions(row: RowDraft, slot: str, shape: tuple[int, ...], span: tuple[int, int | None],
+                    found: Callable[[int], PositionErrors | None]) -> None:
+    """``positions_beyond`` of a row: 0 within tolerance; out of tolerance, the positions ``found(dim)`` gives
+    along the sequence dimension of its tensor (none: left unset), read by the call's token ``span``."""
+    if row.within_tolerance is True:
+        _set(row, positions_beyond=0)
+        return
+    axis = _sequence_axis(slot, shape, *span) if row.within_tolerance is False else None
+    errors = found(axis[0]) if axis is not None else None
+    if axis is not None and errors is not None:
+        _set_positions(row, axis[1], errors)
 
 
 def _set_positions(row: RowDraft, first: int, found: PositionErrors) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -50,24 +49,20 @@ def add_alignment_options(parser: argparse.ArgumentParser) -> None:
                              "capture was interrupted or killed); without it an incomplete trace exits 1")
 
 
-def run_alignment(args: argparse.Namespace, command: str) -> Alignment:
-    """``tracediff.align`` with the shared options; warnings go to stderr."""
+def run_alignment(args: argparse.Namespace, command: str, *, quiet: bool = False) -> Alignment:
+    """``tracediff.align`` with the shared options; warnings go to stderr (``quiet``: not printed, as on the
+    ranks other than 0 of a distributed run)."""
     from ..alignment import align
     from ..compare.tolerance import parse_cli_tolerances
 
     result = align(args.a, args.b, atol=parse_cli_tolerances(args.atol, "atol"),
                    rtol=parse_cli_tolerances(args.rtol, "rtol"), map=args.map, match=args.match, progress=True,
                    **_verdict_options(args))
-    if getattr(args, "distributed", False) and not is_root_rank():
+    if quiet:
         return result
     for warning in result.warnings:
         print(f"tracediff {command}: warning: {warning}", file=sys.stderr)
     return result
-
-
-def is_root_rank() -> bool:
-    """Whether this process is rank 0 of a torchrun launch (or no launch): the one that prints."""
-    return os.environ.get("RANK", "0") == "0"
 
 
 def _verdict_options(args: argparse.Namespace) -> dict[str, Any]:

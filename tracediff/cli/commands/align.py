@@ -50,24 +50,25 @@ def register(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if not args.distributed:
-        return _run(args)
+        return _run(args, root=True)
     from ...alignment.distributed import distributed_run, wait_for_all
 
     with distributed_run() as group:  # one group for the alignment and the wait below
-        code = _run(args)
+        code = _run(args, root=group.is_root)
         wait_for_all()  # no rank exits before rank 0 has written the report (torchrun stops the others)
-    return code if group.is_root else (0 if code == 0 else 1)
+    return code
 
 
-def _run(args: argparse.Namespace) -> int:
-    from .._alignment_options import is_root_rank, run_alignment
+def _run(args: argparse.Namespace, *, root: bool) -> int:
+    """``root``: this process reports (rank 0 of a distributed run, or no launch)."""
+    from .._alignment_options import run_alignment
     from .._sources import dumps_as_traces, given_paths
     from ..process import paused_gc
 
     # dumps imported for the time of the run; a row per tensor, nodes per call: nothing is garbage worth scanning
     with dumps_as_traces(args, "align", ("a", "b", "baseline")) as found, paused_gc():
-        result = given_paths(run_alignment(args, "align"), found)
-        if args.distributed and not is_root_rank():  # rank 0 writes the report; every rank exits alike
+        result = given_paths(run_alignment(args, "align", quiet=not root), found)
+        if not root:  # rank 0 writes the report; every rank exits alike
             return 0 if result.passed else 1
         return _report(result, args)
 
