@@ -64,9 +64,7 @@ def _below(node: Node, ancestor: Node) -> bool:
 def unjudged_below(candidate: Candidate, candidates: list[Candidate]) -> list[Candidate]:
     """The calls inside ``candidate`` that could not be judged, and that no call between them and
     ``candidate`` judged the same math (a passing parent vouches for what it ran)."""
-    passing = [c for c in candidates if c.verdict in PASSING and _below(c.node_a, candidate.node_a)]
-    return [c for c in candidates if c.verdict == NOT_COMPARABLE and _below(c.node_a, candidate.node_a)
-            and not any(_below(c.node_a, p.node_a) for p in passing)]
+    return open_calls([c for c in candidates if _below(c.node_a, candidate.node_a)])
 
 
 def open_calls(candidates: list[Candidate]) -> list[Candidate]:

@@ -48,13 +48,13 @@ from ..trace.load import Trace, load_trace
 from ..trace.model import Node
 from .culprits import Candidate, decide, open_calls
 from .inputs import NotRebuildable, Target, output_slots, rebuild_inputs
-from .inside import blocker, host, outputs_in_run
+from .inside import blocker, host, judged_in_run
 from .layout import bound_to
 from .oracle import NOISE_MULTIPLIER, float64_copy, oracle_device
 from .patching import Replacements, patched
 from .placement import check_device, module_device, param_dtype, prepared
 from .result import NOT_COMPARABLE, Replay, ReplayedCall, SkippedCall
-from .runner import CallOutcome, CallSetup, inputs_not_equivalent, judged_outputs, replay_call
+from .runner import CallOutcome, CallSetup, inputs_not_equivalent, replay_call
 from .shadow import ShadowRun, seed_rng, shadow_run
 
 
@@ -370,6 +370,7 @@ class _Job:
         verdicts = {id(d.node_b): d.outcome.verdict for d in self.done}
         settled: dict[int, str] = {}  # B's call (by id) -> "" once judged, else why it stays skipped
         hosted: dict[int, dict[tuple[str, int], CallSetup]] = {}
+        todo: list[tuple[Node, Node, str, Node]] = []  # the hosted calls, with their host
         known = self.partnered - {id(b) for _, b, _ in self.unrun}  # no verdict yet for the others
         for node_a, node_b, reason in self.unrun:
             around = host(node_b, replayed)
@@ -382,23 +383,20 @@ class _Job:
             setup = self._setup(node_a, node_b)
             assert setup is not None  # its module exists and A recorded its outputs (checked above)
             hosted.setdefault(id(around), {})[(node_b.relative_path, node_b.call_index)] = setup
-        outputs: dict[tuple[str, int], tuple[Any, Any]] = {}
+            todo.append((node_a, node_b, reason, around))
+        outcomes: dict[tuple[str, int], CallOutcome] = {}
         for key, calls in hosted.items():
-            outputs.update(outputs_in_run(replayed[key].setup, calls, model=self.model, twin=lambda: self.twin,
-                                          index=_indexer(replayed[key].node_b), oracle=self.oracle))
-        for node_a, node_b, reason in sorted(self.unrun, key=lambda item: item[1].enter_order):
+            outcomes.update(judged_in_run(replayed[key].setup, calls, model=self.model, twin=lambda: self.twin,
+                                           index=_indexer(replayed[key].node_b), oracle=self.oracle))
+        for node_a, node_b, reason, around in sorted(todo, key=lambda item: item[1].enter_order):
             at = (node_b.relative_path, node_b.call_index)
-            around = host(node_b, replayed)
-            if around is None or id(node_b) in settled or at not in hosted.get(id(around), {}):
-                continue
             why = blocker(node_b, around, self.partnered, verdicts) or \
-                ("" if at in outputs else "it did not run in that rerun (the run raised, or took another path)")
+                ("" if at in outcomes else "it did not run in that rerun (the run raised, or took another path)")
             if why:
                 settled[id(node_b)] = f"{reason}; not judged inside {around.module_path}'s run either: {why}"
                 continue
             setup = hosted[id(around)][at]
-            outcome = judged_outputs(setup, *outputs[at], oracle=self.oracle)
-            setup.tensors.clear()
+            outcome = outcomes[at]
             verdicts[id(node_b)] = outcome.verdict
             where = f"judged inside {around.module_path}'s run on A's inputs (it cannot run alone: {reason})"
             outcome.reason = f"{where}; {outcome.reason}" if outcome.reason else where
@@ -481,13 +479,9 @@ class _Job:
     def _rerun_inside(self, done: _Done, host_done: _Done, replacements: Replacements) -> str:
         """The patched verdict of a call judged inside its host's run: the host rerun with ``replacements``."""
         key = (done.node_b.relative_path, done.node_b.call_index)
-        outputs = outputs_in_run(host_done.setup, {key: done.setup}, model=self.model, twin=lambda: self.twin,
-                                 index=_indexer(host_done.node_b), oracle=self.oracle, replacements=replacements)
-        try:
-            return judged_outputs(done.setup, *outputs[key], oracle=self.oracle).verdict if key in outputs \
-                else done.outcome.verdict
-        finally:
-            done.setup.tensors.clear()
+        outcomes = judged_in_run(host_done.setup, {key: done.setup}, model=self.model, twin=lambda: self.twin,
+                                  index=_indexer(host_done.node_b), oracle=self.oracle, replacements=replacements)
+        return outcomes[key].verdict if key in outcomes else done.outcome.verdict
 
     def _final_error(self, output: Any) -> dict[str, Any] | None:
         """The error of B's whole forward (on A's inputs) against A's recorded final outputs."""

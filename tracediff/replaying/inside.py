@@ -26,7 +26,7 @@ from ..trace.model import Node
 from .culprits import PASSING
 from .inputs import NotRebuildable
 from .patching import Replacements, kept, patched
-from .runner import CallSetup, judged_outputs, replay_call
+from .runner import CallOutcome, CallSetup, judged_outputs, replay_call
 
 #: ``(relative path, call index)`` of a call of B
 CallKey = tuple[str, int]
@@ -68,13 +68,13 @@ def blocker(node_b: Node, around: Node, partnered: Container[int], verdicts: Map
     return ""
 
 
-def outputs_in_run(host_setup: CallSetup, calls: dict[CallKey, CallSetup], *, model: nn.Module,
+def judged_in_run(host_setup: CallSetup, calls: dict[CallKey, CallSetup], *, model: nn.Module,
                    twin: Callable[[], nn.Module | None], index: Callable[[str, int], int | None],
-                   oracle: bool, replacements: Replacements | None = None) -> dict[CallKey, tuple[Any, Any]]:
-    """Rerun the host's call on A's inputs and keep what ``calls`` produced inside it: B's output and the
-    float64 twin's (None unless the twin ran: it runs when one of them is out of tolerance). ``twin`` gives
-    the whole float64 copy of ``model`` once it exists; ``index`` maps the k-th call of a path in the rerun
-    to its call index in B's forward; ``replacements``: calls whose outputs are A's in that run (culprits
+                   oracle: bool, replacements: Replacements | None = None) -> dict[CallKey, CallOutcome]:
+    """Rerun the host's call on A's inputs and judge what ``calls`` produced inside it against A's outputs,
+    with the float64 twin's output when the twin ran (it runs when one of them is out of tolerance). ``twin``
+    gives the whole float64 copy of ``model`` once it exists; ``index`` maps the k-th call of a path in the
+    rerun to its call index in B's forward; ``replacements``: calls whose outputs are A's in that run (culprits
     inside a call judged there, to see whether they explain it). A call that did not run there is left out."""
     kept_b: dict[CallKey, Any] = {}
     kept_64: dict[CallKey, Any] = {}
@@ -87,9 +87,12 @@ def outputs_in_run(host_setup: CallSetup, calls: dict[CallKey, CallSetup], *, mo
             stack.enter_context(kept(whole, set(calls), index, into))
             yield
 
+    judged: dict[CallKey, CallOutcome] = {}  # without the float64 output: kept unless the twin runs
+
     def out_of_tolerance() -> bool:
-        return any(row.within_tolerance is False for key, setup in calls.items() if key in kept_b
-                   for row in judged_outputs(setup, kept_b[key], oracle=oracle).rows)
+        judged.update({key: judged_outputs(setup, kept_b[key], oracle=oracle) for key, setup in calls.items()
+                       if key in kept_b})
+        return any(row.within_tolerance is False for outcome in judged.values() for row in outcome.rows)
 
     def twin_kept() -> Any:  # called only once the float64 copy exists
         whole = twin()
@@ -99,8 +102,11 @@ def outputs_in_run(host_setup: CallSetup, calls: dict[CallKey, CallSetup], *, mo
     try:
         replay_call(host_setup, oracle=oracle, patch=lambda: hooked(model, kept_b),
                     twin_patch=twin_kept, twin_wanted=out_of_tolerance)
+        return {key: judged[key] if key in judged and key not in kept_64
+                else judged_outputs(calls[key], output, kept_64.get(key), oracle=oracle)
+                for key, output in kept_b.items()}
     except NotRebuildable:
         return {}
     finally:
-        host_setup.tensors.clear()
-    return {key: (output, kept_64.get(key)) for key, output in kept_b.items()}
+        for setup in (host_setup, *calls.values()):
+            setup.tensors.clear()

@@ -189,7 +189,7 @@ class Replay:
     def passed(self) -> bool:
         """No culprit, nothing undecided, and something was compared: a replay that compared nothing, or in
         which a call that could not be judged may hold the mistake (``undecided``), never passes."""
-        return not self.culprits and not self.undecided and self.compared > 0
+        return self.verdict == "passed"
 
     @property
     def verdict(self) -> str:

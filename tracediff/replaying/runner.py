@@ -122,8 +122,9 @@ def replay_call(setup: CallSetup, *, oracle: bool, patch: Callable[[], Any] | No
 
     rows = rows_with({})
     # The float64 run only matters for rows out of tolerance: a row within it is the same math already.
-    wanted = any(row.within_tolerance is False for row in rows) or (twin_wanted is not None and twin_wanted())
-    twin = setup.twin() if oracle and wanted else None
+    wanted = oracle and (any(row.within_tolerance is False for row in rows)
+                         or (twin_wanted is not None and twin_wanted()))
+    twin = setup.twin() if wanted else None
     if twin is not None:
         try:
             if in_b_layout:
