@@ -98,6 +98,17 @@ def test_the_distributed_report_is_the_one_process_report(runs: Path, name: str,
         assert found == [("replica_differs", "PlainTP.embed", 1), ("ranks_disagree", "PlainTP.norm", 1)]
 
 
+def test_ranks_that_disagree_with_every_row_in_tolerance_are_said_so_in_text_and_html(runs: Path) -> None:
+    """Rank 0's copy is the reference's: no row is out of tolerance, the verdict comes from the ranks alone."""
+    result = tracediff.align(runs / "plain_ref", runs / "plain_replica_differs", shards=runs / "rules.txt")
+    assert result.verdict == "diverged" and result.first_divergence is None
+    from tracediff.render.alignment import headline
+
+    assert "NOT PASSED: the ranks disagree on 2 replicated tensor(s)" in headline(result)
+    html = result.to_html()
+    assert 'class="first">The ranks disagree on 2 replicated tensor(s)' in html and "Undecided" not in html
+
+
 def test_the_command_line_under_torchrun_writes_one_report_and_every_rank_exits_alike(runs: Path) -> None:
     report = runs / "cli_report.json"
     done = torchrun("-m", "tracediff", "align", str(runs / "plain_ref"), str(runs / "plain_no_allreduce"),

@@ -144,6 +144,9 @@ def _header(result: Alignment, heading: str, verdict: str, first: TensorComparis
     elif result.unreadable:
         detail = (f'<div id="first-divergence" class="first na">{len(result.unreadable)} tensor(s) could not be '
                   "read; see the table (status unreadable).</div>")
+    elif disagree := sum(finding.failing for finding in result.shard_findings):
+        detail = (f'<div id="first-divergence" class="first">The ranks disagree on {disagree} replicated '
+                  'tensor(s); see <a href="#shards">Shards</a>.</div>')
     else:
         detail = f'<div id="first-divergence" class="first na">Undecided: {_e(result.reason or "")}</div>'
 
