@@ -20,7 +20,7 @@ def test_helpers_shorten_and_escape() -> None:
     assert shorten("x" * 10, 5) == "xx..." and shorten("abc", 5) == "abc"
     assert short_repr(object(), name="a" * 500).startswith("object(name='aaa")
     assert _one_line(short_repr(object(), name="a" * 500), 200)
-    page = summary_html("T<1>", [("a&b", "<b>"), ("none", None)], passed=False)
+    page = summary_html("T<1>", [("a&b", "<b>"), ("none", None)], verdict="diverged")
     assert "T&lt;1&gt;" in page and "a&amp;b" in page and "&lt;b&gt;" in page and "DIVERGED" in page
     assert "\u2014" in page and "PASSED" not in page
 

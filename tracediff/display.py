@@ -10,7 +10,7 @@ pairs, so every result object looks alike::
         return short_repr(self, passed=self.passed, compared=len(self.rows))
 
     def _repr_html_(self) -> str:
-        return summary_html("Alignment", [("compared", len(self.rows))], passed=self.passed)
+        return summary_html("Alignment", [("compared", len(self.rows))], verdict=self.verdict)
 
 Values are shortened to ``MAX_VALUE_CHARS`` characters and HTML-escaped; the
 module imports nothing beyond the standard library.
@@ -44,15 +44,16 @@ def short_repr(obj: object, /, **fields: Any) -> str:
     return f"{type(obj).__name__}({parts})"
 
 
-def summary_html(title: str, facts: Iterable[tuple[str, Any]], *, passed: bool | None = None) -> str:
-    """A small HTML table: ``title`` with a PASSED/DIVERGED badge (none when ``passed`` is None), one row a fact.
+def summary_html(title: str, facts: Iterable[tuple[str, Any]], *, verdict: str | None = None) -> str:
+    """A small HTML table: ``title`` with the result's ``verdict`` as a badge (``passed``, ``diverged``,
+    ``undecided``...; none when None), one row a fact.
 
     ``None`` values are shown as an em dash; every label and value is escaped.
     """
     badge = ""
-    if passed is not None:
-        colour, word = ("#1a7f37", "PASSED") if passed else ("#cf222e", "DIVERGED")
-        badge = f' <span style="color:{colour};font-weight:bold">{word}</span>'
+    if verdict is not None:
+        colour = {"passed": "#1a7f37", "diverged": "#cf222e"}.get(verdict, "#9a6700")  # amber: no verdict reached
+        badge = f' <span style="color:{colour};font-weight:bold">{html.escape(verdict.upper())}</span>'
     rows = "".join(
         f'<tr><th style="text-align:left">{html.escape(str(label))}</th>'
         f'<td style="text-align:left">{html.escape(shorten(_text(value), 400))}</td></tr>'

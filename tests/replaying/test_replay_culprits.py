@@ -115,6 +115,17 @@ def test_a_replay_that_compares_nothing_never_passes(capture_ref):  # type: igno
     assert result.nothing_compared is not None and result.nothing_compared.startswith("nothing comparable")
 
 
+def test_a_replay_that_compares_nothing_is_rendered_as_such(capture_ref):  # type: ignore[no-untyped-def]
+    from tracediff.render.replay import headline, render_html
+
+    result = tracediff.replay(ports.elsewhere(), capture_ref("net", ports.net, ports.toy_input()))
+    lines = headline(result)
+    assert f"NOTHING COMPARED: {result.nothing_compared}" in lines and not any("PASSED" in x for x in lines)
+    page = render_html(result)
+    assert "NOTHING COMPARED: nothing comparable" in page and "PASSED" not in page and "UNDECIDED" not in page
+    assert "NOTHING COMPARED" in result._repr_html_() and "DIVERGED" not in result._repr_html_()
+
+
 def test_match_has_aligns_meaning_in_replay(capture_ref):  # type: ignore[no-untyped-def]
     ref = capture_ref("net", ports.net, ports.toy_input())
     found = tracediff.replay(ports.renamed_leaky_net(), ref)  # match="auto": pairs layers.N with blocks.N

@@ -446,7 +446,7 @@ class Alignment:
             facts.append(("first backward divergence", back.describe()))
         if first is not None and first.origin:
             facts.append(("origin", first.origin))
-        return summary_html("Alignment", facts, passed=self.passed)
+        return summary_html("Alignment", facts, verdict=self.verdict)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON report (``format_version`` 1)."""

@@ -58,10 +58,12 @@ def headline(result: Replay) -> list[str]:
         lines.append(f"B's whole forward on A's inputs: final output max abs err {_num(e2e['max_abs_err'])}, "
                      f"relative rms {_num(e2e['rel_rms_err'])}")
     culprits = result.culprits
-    if not culprits and not result.undecided:
-        lines.append("PASSED: no culprit" + ("" if result.modules else " (nothing could be replayed)"))
+    if result.verdict == "passed":
+        lines.append("PASSED: no culprit")
         return lines
-    if not culprits:
+    if result.verdict == "nothing compared":
+        lines.append(f"NOTHING COMPARED: {result.nothing_compared}")
+    elif not culprits:
         lines.append("UNDECIDED: no culprit, but calls that could not be judged may hold the mistake:")
     else:
         lines.append(f"CULPRITS ({len(culprits)}), in execution order:")
@@ -133,9 +135,10 @@ def render_html(result: Replay, alignment: Any = None) -> str:
     ``alignment`` (``tracediff.align`` of A and B's own trace), the end-to-end error next to it."""
     e = html.escape
     e2e = _end_to_end(alignment)
-    verdict = "<p class=pass>PASSED: no culprit</p>" if result.passed else \
-        f"<p class=fail>{len(result.culprits)} culprit(s)</p>" if result.culprits else \
-        "<p class=fail>UNDECIDED: calls that could not be judged may hold the mistake</p>"
+    verdict = {"passed": "<p class=pass>PASSED: no culprit</p>",
+               "diverged": f"<p class=fail>{len(result.culprits)} culprit(s)</p>",
+               "nothing compared": f"<p class=fail>NOTHING COMPARED: {e(result.nothing_compared or '')}</p>",
+               }.get(result.verdict, "<p class=fail>UNDECIDED: calls that could not be judged may hold the mistake</p>")
     head = "".join(f"<li>{e(line.strip())}</li>" for line in headline(result))
     extra = "<th>end-to-end max abs (align)</th>" if alignment is not None else ""
     body = []

@@ -216,7 +216,7 @@ class Replay:
                  ("replayed", len(self.modules)), ("skipped", len(self.skipped)),
                  ("oracle", f"on ({self.noise_multiplier:g}x noise)" if self.oracle else "off")]
         facts += [(f"culprit #{c.rank}", c.describe()) for c in self.culprits]
-        return summary_html("tracediff replay", facts, passed=self.passed)
+        return summary_html("tracediff replay", facts, verdict=self.verdict)
 
     @property
     def table(self) -> Any:

@@ -151,7 +151,7 @@ class StepComparison:
                  ("first divergence", _describe(self.first_divergence)),
                  ("first divergence reason", self.first_divergence.reason if self.first_divergence else None),
                  ("needed atol", self.needed_atol)]
-        return summary_html("StepComparison", facts, passed=self.passed)
+        return summary_html("StepComparison", facts, verdict=self.verdict)
 
     @property
     def steps(self) -> pd.DataFrame:
