@@ -134,3 +134,27 @@ def test_recorded_extremes_skip_the_scan_only_when_nothing_can_be_masked() -> No
     assert settled.values.tolist() == [-1e4, 0.5, -3.0]
     _, untouched, notes = prepare_pair(a + 1e4 - 3.0, b, recorded_a=(-3.0, 0.5))  # nothing masked in A
     assert notes == [] and untouched.values.tolist()[0] == f32_min
+
+
+class Scores(nn.Module):
+    def forward(self, scores: torch.Tensor) -> torch.Tensor:
+        return scores.clone()
+
+
+def test_a_score_masked_in_a_bf16_port_only_is_a_mask_difference_next_to_a_float32_reference(tmp_path: Path
+                                                                                           ) -> None:
+    """Both sides mask at their own dtype's extreme; bfloat16's (-3.39e38) is above float32's (-3.40e38), and the
+    positions masked on both sides are settled first: the position masked in B only must still be found."""
+    values = torch.randn(1, 1, T, T, generator=torch.Generator().manual_seed(1))
+    leaky = KEEP.clone()
+    leaky[3, 0] = False  # B masks one more position
+    sides = {"a": values.masked_fill(~KEEP, torch.finfo(torch.float32).min),
+             "b": values.bfloat16().masked_fill(~leaky, torch.finfo(torch.bfloat16).min)}
+    for name, scores in sides.items():
+        model = Scores()
+        with tracediff.capture(model, tmp_path / name):
+            model(scores)
+    result = tracediff.align(tmp_path / "a", tmp_path / "b")
+    out = next(row for row in result.rows if row.tensor == "outputs")
+    assert out.within_tolerance is False and "0 position(s) masked in A only, 1 in B only" in out.reason
+    assert max(r.max_abs_err for r in result.rows) < 1e3  # no 3.4e38 anywhere

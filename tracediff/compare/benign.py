@@ -143,14 +143,18 @@ def settle_saturated(a: Payload, b: Payload, recorded: tuple[Any, Any] | None = 
     return Payload(settled, target), count
 
 
-def settle_masked_one_side(a: Payload, b: Payload) -> tuple[Payload, int, int]:
+def settle_masked_one_side(a: Payload, b: Payload, recorded: tuple[str, str] | None = None
+                           ) -> tuple[Payload, int, int]:
     """``b`` with the positions masked on one side only made equal to ``a``'s, and how many are masked in A
     only and in B only: one side at its dtype's finite extreme (a masked score, ``finfo.min``), the other a
     plain value above ``-5e3``. Such a position is a mask difference, counted in positions by the caller,
-    never a 3.4e38 error. Infinities are left alone (an ``-inf`` made by a ``log`` is the op's doing)."""
+    never a 3.4e38 error. Infinities are left alone (an ``-inf`` made by a ``log`` is the op's doing).
+
+    ``recorded``: the floating dtypes the two sides were recorded in, when ``settle_saturated`` may have
+    widened ``b`` (a bfloat16 side's ``finfo.min`` is above float32's)."""
     if a.size == 0 or a.shape != b.shape or not (is_floating(a.dtype) and is_floating(b.dtype)):
         return b, 0, 0
-    max_a, max_b = finite_max(a.dtype), finite_max(b.dtype)
+    max_a, max_b = (finite_max(dtype) for dtype in recorded or (a.dtype, b.dtype))
     if _lowest(a) > -max_a and _lowest(b) > -max_b:  # most tensors: no extreme on either side
         return b, 0, 0
     work = np.float64 if _promoted(a.dtype, b.dtype) == "float64" else np.float32

@@ -11,7 +11,7 @@ import numpy as np
 from ..errors import PayloadFormatError, TracediffError
 from ..trace.load import Trace
 from ..trace.model import TensorRecord
-from ..trace.payload import Payload, is_complex, payload_of
+from ..trace.payload import Payload, is_complex, is_floating, payload_of
 from .benign import MASKED_SCORE_AT, exact_mismatches, is_exact_dtype, prepare_pair, settle_masked_one_side
 from .masks import as_masks, may_be_mask
 from .measurement import Measurement, dtype_note, measured, unmeasured
@@ -50,11 +50,12 @@ def compare_payloads(
     # the row's annotations come from this pass when the values are the payloads' own (else they are read again)
     plain = a.shape == b.shape and not (is_complex(a.dtype) or is_complex(b.dtype))
     recorded = (ra.stats.get("min"), ra.stats.get("max"))  # (5 digits in a standard trace: far enough)
+    dtypes = (a.dtype, b.dtype) if is_floating(a.dtype) and is_floating(b.dtype) else None  # before any widening
     a, b, notes = prepare_pair(a, b, recorded_a=recorded)
     notes = [*filter(None, stored), *notes]
     only_a = only_b = 0
     if _may_be_masked(ra) or _may_be_masked(rb):  # the statistics rule most tensors out: no pass over them
-        b, only_a, only_b = settle_masked_one_side(a, b)
+        b, only_a, only_b = settle_masked_one_side(a, b, dtypes)
     if only_a or only_b:
         notes.append(f"mask difference: {only_a} position(s) masked in A only, {only_b} in B only (at the "
                      "dtype's extreme on one side, a plain value on the other); the other positions compared")

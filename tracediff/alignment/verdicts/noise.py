@@ -73,7 +73,7 @@ def apply_floor(row: RowDraft, floor: float | None, noise_factor: float) -> None
     row.noise_floor, row.noise_ratio = floor, ratio
     if floor == 0 and row.diverged:
         add_note(row, "the baseline equals A here (zero floor): ordinary tolerance applied")
-    elif row.diverged and ratio is not None and ratio <= noise_factor and not (row.nan_mismatch or row.inf_mismatch):
+    elif row.diverged and ratio is not None and ratio <= noise_factor and not _beyond_any_tolerance(row):
         _accept(row, f"within {noise_factor:g}x the baseline's noise floor (noise ratio {ratio:.3g})")
     elif row.diverged and ratio is not None:
         add_note(row, f"{ratio:.3g}x the baseline's noise floor {floor:.3g}")
@@ -90,7 +90,7 @@ def rms_of(record: TensorRecord) -> float | None:
 
 def accept_by_relative_norm(row: RowDraft, ra: TensorRecord) -> None:
     """The cross-dtype rule without a baseline: ``rms_err <= rtol * rms(a)`` accepts a diverged draft."""
-    if not row.diverged or row.dtype_a == row.dtype_b or row.nan_mismatch or row.inf_mismatch:
+    if not row.diverged or row.dtype_a == row.dtype_b or _beyond_any_tolerance(row):
         return
     if not _is_float(row.dtype_a) or not _is_float(row.dtype_b) or math.isnan(row.rms_err):
         return
@@ -99,6 +99,12 @@ def accept_by_relative_norm(row: RowDraft, ra: TensorRecord) -> None:
         return
     _accept(row, f"accepted across dtypes: relative RMS error {row.rms_err / rms:.3g} <= rtol {row.rtol:.3g} "
                  f"({row.mismatch_fraction:.1%} of elements beyond the elementwise tolerance)")
+
+
+def _beyond_any_tolerance(row: RowDraft) -> bool:
+    """No tolerance accepts the row, so no noise rule does: NaN or infinities on one side only, or positions
+    masked on one side only (``required_atol`` is infinite for each)."""
+    return bool(row.nan_mismatch or row.inf_mismatch) or math.isinf(row.required_atol)
 
 
 def _accept(row: RowDraft, reason: str) -> None:
