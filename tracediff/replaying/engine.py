@@ -387,7 +387,7 @@ class _Job:
         outcomes: dict[tuple[str, int], CallOutcome] = {}
         for key, calls in hosted.items():
             outcomes.update(judged_in_run(replayed[key].setup, calls, model=self.model, twin=lambda: self.twin,
-                                           index=_indexer(replayed[key].node_b), oracle=self.oracle))
+                                          index=_indexer(replayed[key].node_b), oracle=self.oracle))
         for node_a, node_b, reason, around in sorted(todo, key=lambda item: item[1].enter_order):
             at = (node_b.relative_path, node_b.call_index)
             why = blocker(node_b, around, self.partnered, verdicts) or \
@@ -480,7 +480,7 @@ class _Job:
         """The patched verdict of a call judged inside its host's run: the host rerun with ``replacements``."""
         key = (done.node_b.relative_path, done.node_b.call_index)
         outcomes = judged_in_run(host_done.setup, {key: done.setup}, model=self.model, twin=lambda: self.twin,
-                                  index=_indexer(host_done.node_b), oracle=self.oracle, replacements=replacements)
+                                 index=_indexer(host_done.node_b), oracle=self.oracle, replacements=replacements)
         return outcomes[key].verdict if key in outcomes else done.outcome.verdict
 
     def _final_error(self, output: Any) -> dict[str, Any] | None:

@@ -69,8 +69,8 @@ def blocker(node_b: Node, around: Node, partnered: Container[int], verdicts: Map
 
 
 def judged_in_run(host_setup: CallSetup, calls: dict[CallKey, CallSetup], *, model: nn.Module,
-                   twin: Callable[[], nn.Module | None], index: Callable[[str, int], int | None],
-                   oracle: bool, replacements: Replacements | None = None) -> dict[CallKey, CallOutcome]:
+                  twin: Callable[[], nn.Module | None], index: Callable[[str, int], int | None],
+                  oracle: bool, replacements: Replacements | None = None) -> dict[CallKey, CallOutcome]:
     """Rerun the host's call on A's inputs and judge what ``calls`` produced inside it against A's outputs,
     with the float64 twin's output when the twin ran (it runs when one of them is out of tolerance). ``twin``
     gives the whole float64 copy of ``model`` once it exists; ``index`` maps the k-th call of a path in the
