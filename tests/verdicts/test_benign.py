@@ -89,7 +89,7 @@ def test_saturated_mask_values_compare_equal_across_dtypes(tmp_path: Path) -> No
 
 
 def test_a_saturated_value_against_a_finite_one_still_diverges() -> None:
-    a, b, notes = prepare_pair(torch.tensor([F32_MIN, 1.0]), torch.tensor([-1.0, 1.0]))
+    a, b, notes, _ = prepare_pair(torch.tensor([F32_MIN, 1.0]), torch.tensor([-1.0, 1.0]))
 
     assert notes == [] and b.values.tolist() == [-1.0, 1.0]
 
@@ -103,7 +103,7 @@ def test_shapes_that_differ_only_by_singleton_dimensions_are_squeezable(
 
 
 def test_a_squeezed_pair_is_compared_and_says_so() -> None:
-    a, b, notes = prepare_pair(torch.arange(4.0), torch.arange(4.0).reshape(1, 4))
+    a, b, notes, _ = prepare_pair(torch.arange(4.0), torch.arange(4.0).reshape(1, 4))
 
     assert a.shape == b.shape == (4,)
     assert notes == ["compared after squeezing singleton dimensions: [4] vs [1, 4]"]
@@ -124,7 +124,7 @@ def test_float8_saturation_is_settled_without_float8_kernels(dtype: torch.dtype)
     a = torch.tensor([0.0, F32_MIN, 1.0])
     b = torch.tensor([0.0, low, 1.0]).to(dtype)
 
-    _, settled, notes = prepare_pair(a, b)
+    _, settled, notes, _ = prepare_pair(a, b)
 
     assert settled.values.tolist() == [0.0, F32_MIN, 1.0]
     assert notes == ["1 saturated values (at their dtype's finite extreme on both sides) treated as equal"]

@@ -117,7 +117,7 @@ def test_a_masked_score_against_an_older_ports_minus_1e4_is_masked_on_both_sides
     from tracediff.compare.benign import prepare_pair
 
     f32_min = torch.finfo(torch.float32).min
-    a, b, notes = prepare_pair(torch.tensor([f32_min, 0.5, -3.0]), torch.tensor([-1e4, 0.5, -3.0]))
+    a, b, notes, _ = prepare_pair(torch.tensor([f32_min, 0.5, -3.0]), torch.tensor([-1e4, 0.5, -3.0]))
     assert notes == ["1 masked values (at one side's finite extreme, at most -5e3 on the other) treated as equal"]
     assert b.values.tolist()[1:] == [0.5, -3.0]
 
@@ -129,10 +129,10 @@ def test_recorded_extremes_skip_the_scan_only_when_nothing_can_be_masked() -> No
 
     f32_min = torch.finfo(torch.float32).min
     a, b = torch.tensor([-1e4, 0.5, -3.0]), torch.tensor([f32_min, 0.5, -3.0])
-    _, settled, notes = prepare_pair(a, b, recorded_a=(-1e4, 0.5))
+    _, settled, notes, _ = prepare_pair(a, b, recorded_a=(-1e4, 0.5))
     assert notes == ["1 masked values (at one side's finite extreme, at most -5e3 on the other) treated as equal"]
     assert settled.values.tolist() == [-1e4, 0.5, -3.0]
-    _, untouched, notes = prepare_pair(a + 1e4 - 3.0, b, recorded_a=(-3.0, 0.5))  # nothing masked in A
+    _, untouched, notes, _ = prepare_pair(a + 1e4 - 3.0, b, recorded_a=(-3.0, 0.5))  # nothing masked in A
     assert notes == [] and untouched.values.tolist()[0] == f32_min
 
 

@@ -22,7 +22,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -43,8 +43,19 @@ def is_exact_dtype(dtype: str) -> bool:
     return not (is_floating(dtype) or is_complex(dtype))
 
 
-def prepare_pair(a: Any, b: Any, *, recorded_a: tuple[Any, Any] | None = None) -> tuple[Payload, Payload, list[str]]:
-    """Bring a pair to comparable form; returns ``(a, b, notes)`` with one note per thing done.
+class PreparedPair(NamedTuple):
+    """A pair in comparable form, one note per thing done, and how many positions are masked in A only and in
+    B only (``masked_one_side``: counted by the caller, never measured)."""
+
+    a: Payload
+    b: Payload
+    notes: list[str]
+    masked_one_side: tuple[int, int] = (0, 0)
+
+
+def prepare_pair(a: Any, b: Any, *, recorded_a: tuple[Any, Any] | None = None, one_side: bool = False
+                 ) -> PreparedPair:
+    """Bring a pair to comparable form, with one note per thing done.
 
     Squeezes singleton dimensions when that is all that differs, splits
     complex tensors into (real, imaginary) pairs, and makes saturated
@@ -53,6 +64,7 @@ def prepare_pair(a: Any, b: Any, *, recorded_a: tuple[Any, Any] | None = None) -
 
     ``recorded_a``: ``a``'s recorded (min, max), written with the payload; when both are finite numbers
     below half its dtype's largest value, nothing can saturate and ``a`` is not scanned for its extremes.
+    ``one_side``: also settle the positions masked on one side only (see :func:`settle_scores`).
     """
     a, b = payload_of(a), payload_of(b)
     notes: list[str] = []
@@ -63,14 +75,19 @@ def prepare_pair(a: Any, b: Any, *, recorded_a: tuple[Any, Any] | None = None) -
     if is_complex(a.dtype) or is_complex(b.dtype):
         notes.append("complex: compared on real and imaginary parts")
         a, b = _as_real_pairs(a), _as_real_pairs(b)
-    if is_floating(a.dtype) and is_floating(b.dtype) and a.shape == b.shape:
-        b, (saturated, masked) = settle_saturated(a, b, recorded_a)
-        if saturated:
-            notes.append(saturated_note(saturated))
-        if masked:
-            notes.append(f"{masked} masked values (at one side's finite extreme, at most -5e3 on the other) "
-                         "treated as equal")
-    return a, b, notes
+    if not (is_floating(a.dtype) and is_floating(b.dtype) and a.shape == b.shape):
+        return PreparedPair(a, b, notes)
+    b, settled = settle_scores(a, b, recorded_a, one_side=one_side)
+    if settled.saturated:
+        notes.append(saturated_note(settled.saturated))
+    if settled.masked:
+        notes.append(f"{settled.masked} masked values (at one side's finite extreme, at most -5e3 on the other) "
+                     "treated as equal")
+    if settled.only_a or settled.only_b:
+        notes.append(f"mask difference: {settled.only_a} position(s) masked in A only, {settled.only_b} in B only "
+                     "(at the dtype's extreme on one side, a plain value on the other); the other positions "
+                     "compared")
+    return PreparedPair(a, b, notes, (settled.only_a, settled.only_b))
 
 
 def _as_real_pairs(p: Payload) -> Payload:
@@ -97,78 +114,85 @@ def _extremes(p: Payload, *, highest: bool = True) -> tuple[float, float]:
     return low, high
 
 
-def _lowest(p: Payload) -> float:
-    return _extremes(p, highest=False)[0]
-
-
 def saturated_note(count: int) -> str:
     """The row's note for ``count`` saturated positions treated as equal."""
     return f"{count} saturated values (at their dtype's finite extreme on both sides) treated as equal"
 
 
+class Settled(NamedTuple):
+    """How many positions ``settle_scores`` made equal: saturated alike, masked on both sides, masked in A
+    only, masked in B only."""
+
+    saturated: int = 0
+    masked: int = 0
+    only_a: int = 0
+    only_b: int = 0
+
+
 def settle_saturated(a: Payload, b: Payload, recorded: tuple[Any, Any] | None = None
                      ) -> tuple[Payload, tuple[int, int]]:
+    """``settle_scores`` without the positions masked on one side: ``b`` and the (saturated, masked) counts."""
+    b, settled = settle_scores(a, b, recorded)
+    return b, (settled.saturated, settled.masked)
+
+
+def settle_scores(a: Payload, b: Payload, recorded: tuple[Any, Any] | None = None, *, one_side: bool = False
+                  ) -> tuple[Payload, Settled]:
     """``b`` with positions where both sides saturate alike replaced by ``a``'s value, and their counts (both at
     their extreme; one at its extreme, the other at most ``-5e3``).
 
-    One cheap pass over ``a``'s extremes first (none when its recorded extremes are far from them): most
-    tensors hold nothing near them.
+    ``one_side``: also the positions masked on one side only, made equal to ``a``'s and counted: one side at
+    its dtype's finite extreme (a masked score, ``finfo.min``), the other a plain value above ``-5e3``. Such a
+    position is a mask difference, counted in positions by the caller, never a 3.4e38 error. Infinities are
+    left alone (an ``-inf`` made by a ``log`` is the op's doing). Each side's extreme is its own dtype's, so
+    both passes read the pair converted once.
+
+    One cheap pass over ``a``'s extremes first (none when its recorded extremes are far from them and
+    ``one_side`` is off): most tensors hold nothing near them.
     """
     if a.size == 0:
-        return b, (0, 0)
+        return b, Settled()
     max_a, max_b = finite_max(a.dtype), finite_max(b.dtype)
-    if recorded is not None and all(isinstance(v, (int, float)) and abs(v) < 0.5 * max_a for v in recorded) \
-            and recorded[0] > MASKED_SCORE_AT:  # far from its extremes, and nothing masked as older ports mask
-        return b, (0, 0)
-    low, high = _extremes(a)
-    if not (low <= MASKED_SCORE_AT or high >= max_a):  # all NaN leaves (inf, -inf): nothing saturates
-        return b, (0, 0)
+    far = recorded is not None and all(isinstance(v, (int, float)) and abs(v) < 0.5 * max_a for v in recorded) \
+        and recorded[0] > MASKED_SCORE_AT  # far from its extremes, and nothing masked as older ports mask
+    low, high = (math.inf, -math.inf) if far and not one_side else _extremes(a, highest=not far)
+    saturates = not far and (low <= MASKED_SCORE_AT or high >= max_a)  # all NaN: (inf, -inf), nothing saturates
+    one_sided = one_side and (low <= -max_a or _extremes(b, highest=False)[0] <= -max_b)
+    if not (saturates or one_sided):
+        return b, Settled()
     target = _promoted(a.dtype, b.dtype)
     work = np.float64 if target == "float64" else np.float32
     wa, wb = as_floats(a.values, a.dtype, work), as_floats(b.values, b.dtype, work)
-    both = ((wa <= -max_a) & (wb <= -max_b)) | ((wa >= max_a) & (wb >= max_b))
-    # a masked score: one side at its extreme, the other masked by a smaller constant (-1e4 of older ports),
-    # possibly with the score added to it (scores + mask, a softmax's input)
-    masked = ~both & (((wa <= -max_a) & (wb <= MASKED_SCORE_AT)) | ((wb <= -max_b) & (wa <= MASKED_SCORE_AT)))
-    same = both | masked
-    count = int(np.count_nonzero(both)), int(np.count_nonzero(masked))
-    if not sum(count):
-        return b, (0, 0)
-    settled = wb.copy()
-    settled[same] = wa[same]
+    saturated = masked = 0
+    if saturates:
+        both = ((wa <= -max_a) & (wb <= -max_b)) | ((wa >= max_a) & (wb >= max_b))
+        # a masked score: one side at its extreme, the other masked by a smaller constant (-1e4 of older ports),
+        # possibly with the score added to it (scores + mask, a softmax's input)
+        alike = ~both & (((wa <= -max_a) & (wb <= MASKED_SCORE_AT)) | ((wb <= -max_b) & (wa <= MASKED_SCORE_AT)))
+        saturated, masked = int(np.count_nonzero(both)), int(np.count_nonzero(alike))
+        if saturated + masked:
+            same = both | alike
+            wb = wb.copy()
+            wb[same] = wa[same]
+    only_a = only_b = 0
+    if one_sided:
+        plain_a, plain_b = np.isfinite(wa) & (wa > MASKED_SCORE_AT), np.isfinite(wb) & (wb > MASKED_SCORE_AT)
+        in_a_only = np.isfinite(wa) & (wa <= -max_a) & plain_b
+        in_b_only = np.isfinite(wb) & (wb <= -max_b) & plain_a
+        only_a, only_b = int(np.count_nonzero(in_a_only)), int(np.count_nonzero(in_b_only))
+        if only_a + only_b:
+            either = in_a_only | in_b_only
+            wb = wb.copy()
+            wb[either] = wa[either]
+            return Payload(wb, "float64" if work is np.float64 else "float32"), \
+                Settled(saturated, masked, only_a, only_b)
+    if not saturated + masked:
+        return b, Settled()
     if target == "float16":
-        return Payload(settled.astype(np.float16), target), count
+        return Payload(wb.astype(np.float16), target), Settled(saturated, masked)
     if target in ("bfloat16",):  # both sides bf16: keep the bits, so the pair still reads as one dtype
-        return Payload((settled.view(np.uint32) >> 16).astype(np.uint16), target), count
-    return Payload(settled, target), count
-
-
-def settle_masked_one_side(a: Payload, b: Payload, recorded: tuple[str, str] | None = None
-                           ) -> tuple[Payload, int, int]:
-    """``b`` with the positions masked on one side only made equal to ``a``'s, and how many are masked in A
-    only and in B only: one side at its dtype's finite extreme (a masked score, ``finfo.min``), the other a
-    plain value above ``-5e3``. Such a position is a mask difference, counted in positions by the caller,
-    never a 3.4e38 error. Infinities are left alone (an ``-inf`` made by a ``log`` is the op's doing).
-
-    ``recorded``: the floating dtypes the two sides were recorded in, when ``settle_saturated`` may have
-    widened ``b`` (a bfloat16 side's ``finfo.min`` is above float32's)."""
-    if a.size == 0 or a.shape != b.shape or not (is_floating(a.dtype) and is_floating(b.dtype)):
-        return b, 0, 0
-    max_a, max_b = (finite_max(dtype) for dtype in recorded or (a.dtype, b.dtype))
-    if _lowest(a) > -max_a and _lowest(b) > -max_b:  # most tensors: no extreme on either side
-        return b, 0, 0
-    work = np.float64 if _promoted(a.dtype, b.dtype) == "float64" else np.float32
-    wa, wb = as_floats(a.values, a.dtype, work), as_floats(b.values, b.dtype, work)
-    plain_a, plain_b = np.isfinite(wa) & (wa > MASKED_SCORE_AT), np.isfinite(wb) & (wb > MASKED_SCORE_AT)
-    only_a = np.isfinite(wa) & (wa <= -max_a) & plain_b
-    only_b = np.isfinite(wb) & (wb <= -max_b) & plain_a
-    count_a, count_b = int(np.count_nonzero(only_a)), int(np.count_nonzero(only_b))
-    if not count_a + count_b:
-        return b, 0, 0
-    settled = wb.copy()
-    either = only_a | only_b
-    settled[either] = wa[either]
-    return Payload(settled, "float64" if work is np.float64 else "float32"), count_a, count_b
+        return Payload((wb.view(np.uint32) >> 16).astype(np.uint16), target), Settled(saturated, masked)
+    return Payload(wb, target), Settled(saturated, masked)
 
 
 def _promoted(x: str, y: str) -> str:

@@ -11,8 +11,8 @@ import numpy as np
 from ..errors import PayloadFormatError, TracediffError
 from ..trace.load import Trace
 from ..trace.model import TensorRecord
-from ..trace.payload import Payload, is_complex, is_floating, payload_of
-from .benign import MASKED_SCORE_AT, exact_mismatches, is_exact_dtype, prepare_pair, settle_masked_one_side
+from ..trace.payload import Payload, is_complex, payload_of
+from .benign import MASKED_SCORE_AT, exact_mismatches, is_exact_dtype, prepare_pair
 from .masks import as_masks, may_be_mask
 from .measurement import Measurement, dtype_note, measured, unmeasured
 from .metrics import PairMetrics, compare_tensors, measure_tensors
@@ -50,15 +50,10 @@ def compare_payloads(
     # the row's annotations come from this pass when the values are the payloads' own (else they are read again)
     plain = a.shape == b.shape and not (is_complex(a.dtype) or is_complex(b.dtype))
     recorded = (ra.stats.get("min"), ra.stats.get("max"))  # (5 digits in a standard trace: far enough)
-    dtypes = (a.dtype, b.dtype) if is_floating(a.dtype) and is_floating(b.dtype) else None  # before any widening
-    a, b, notes = prepare_pair(a, b, recorded_a=recorded)
-    notes = [*filter(None, stored), *notes]
-    only_a = only_b = 0
-    if _may_be_masked(ra) or _may_be_masked(rb):  # the statistics rule most tensors out: no pass over them
-        b, only_a, only_b = settle_masked_one_side(a, b, dtypes)
-    if only_a or only_b:
-        notes.append(f"mask difference: {only_a} position(s) masked in A only, {only_b} in B only (at the "
-                     "dtype's extreme on one side, a plain value on the other); the other positions compared")
+    # positions masked on one side only: the statistics rule most tensors out, with no pass over them
+    a, b, pair_notes, (only_a, only_b) = prepare_pair(a, b, recorded_a=recorded,
+                                                      one_side=_may_be_masked(ra) or _may_be_masked(rb))
+    notes = [*filter(None, stored), *pair_notes]
     note = "; ".join(filter(None, [dtype_note(ra, rb), *notes]))
     if is_exact_dtype(a.dtype) and is_exact_dtype(b.dtype):
         return measured(_compare_exact(a, b), approximate=False, note=note)
