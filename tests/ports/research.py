@@ -66,7 +66,9 @@ class FusedAttention(nn.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         k = k.repeat_interleave(self.heads // self.groups, dim=1)
         v = v.repeat_interleave(self.heads // self.groups, dim=1)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=1.0 / math.sqrt(self.head_dim))
+        # no mask given: causal by the kernel's own flag, as most research code writes it
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None,
+                                           scale=1.0 / math.sqrt(self.head_dim))
         return self.proj(y.transpose(1, 2).reshape(batch, seq, dim))
 
 
@@ -96,11 +98,13 @@ class Block(nn.Module):
 
 
 class FusedLlama(nn.Module):
-    """lit-gpt's ``GPT`` for a Llama config, restated: ``forward(idx)`` returns the logits."""
+    """lit-gpt's ``GPT`` for a Llama config, restated: ``forward(idx)`` returns the logits. Without ``keep_mask``
+    the blocks take ``(x, cos, sin)`` and the attention is causal by ``is_causal`` (no mask tensor at all)."""
 
     def __init__(self, *, vocab: int, layers: int, dim: int, heads: int, groups: int, hidden: int,
-                 eps: float = 1e-5, base: float = 10000.0, max_seq: int = 16) -> None:
+                 eps: float = 1e-5, base: float = 10000.0, max_seq: int = 16, keep_mask: bool = True) -> None:
         super().__init__()
+        self.keep_mask = keep_mask
         self.transformer = nn.ModuleDict({
             "wte": nn.Embedding(vocab, dim),
             "h": nn.ModuleList(Block(dim, heads, groups, hidden, eps) for _ in range(layers)),
@@ -118,7 +122,7 @@ class FusedLlama(nn.Module):
         mask = torch.ones(seq, seq, dtype=torch.bool, device=idx.device).tril()[None, None]
         x = self.transformer.wte(idx)
         for block in self.transformer.h:
-            x = block(x, cos, sin, mask)
+            x = block(x, cos, sin, mask) if self.keep_mask else block(x, cos, sin)
         return self.lm_head(self.transformer.ln_f(x))
 
 

@@ -83,6 +83,25 @@ def may_be_mask(dtype: str | None, stats: dict[str, float]) -> bool:
     return (low >= 0 and high <= 1) or (high == 0 and (low <= MASKED_AT or low == 0))
 
 
+def is_mask(dtype: str | None, stats: dict[str, float]) -> bool:
+    """Is a recorded tensor surely an attention mask, by its dtype and statistics alone? A boolean, or floats
+    between a large negative value and 0 with both levels present (an additive mask). A 0/1 float tensor may be
+    a mask or numbers: not sure."""
+    dtype = (dtype or "").removeprefix("torch.")
+    if dtype == "bool":
+        return True
+    low, high = stats.get("min"), stats.get("max")
+    return isinstance(low, (int, float)) and isinstance(high, (int, float)) and high == 0 and low <= MASKED_AT
+
+
+def kinds_apart(dtype_a: str | None, stats_a: dict[str, float], dtype_b: str | None, stats_b: dict[str, float]
+                ) -> bool:
+    """Is one tensor surely a mask and the other surely not (numbers: a rotary table, hidden states)? Such a
+    pair is never one tensor, whatever its shape: a mask pairs with a mask."""
+    return (is_mask(dtype_a, stats_a) and not may_be_mask(dtype_b, stats_b)) or \
+        (is_mask(dtype_b, stats_b) and not may_be_mask(dtype_a, stats_a))
+
+
 def _has_masked(found: dict[str, np.ndarray], dtype: str) -> bool:
     """Does the tensor hold a masked value that no plain number would (a boolean, or a large negative)?"""
     return dtype == "bool" or bool("additive" in found and found["additive"].any())

@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 
 from ... import format as fmt
-from ...compare.masks import MASKED_AT
+from ...compare.masks import MASKED_AT, kinds_apart
 from ...compare.shapes import squeezed
 from ...maps.rules import SlotRules
 from ...maps.safety import compiled
@@ -102,7 +102,8 @@ def pair_tensors(node_a: Node, node_b: Node, slots: SlotRules | None = None, val
         taken_a |= claimed
         taken_b |= claimed
         found += _in_order_by_shape([t for t in spare_a if id(t) not in taken_a and not _known_integers(t, values)],
-                                    [t for t in spare_b if id(t) not in taken_b and not _known_integers(t, values)])
+                                    [t for t in spare_b if id(t) not in taken_b and not _known_integers(t, values)],
+                                    values)
         for ta, tb in found:
             pairs.append((ta, tb))
             left_a.remove(ta)
@@ -112,7 +113,8 @@ def pair_tensors(node_a: Node, node_b: Node, slots: SlotRules | None = None, val
         partner = same_slot.pop(_named(ta.slot, names_a), None)
         if partner is None:
             continue
-        if values is None or not (_known_integers(ta, values) or _known_integers(partner, values)):
+        if (values is None or not (_known_integers(ta, values) or _known_integers(partner, values))) and \
+                not _kinds_apart(ta, partner, values):
             pairs.append((ta, partner))
             left_a.remove(ta)
             left_b.remove(partner)
@@ -150,11 +152,18 @@ def _related(x: TensorRecord, y: TensorRecord, values: Values | None, root: bool
     ``pos_embed`` takes the tokens, GPT-2's ``wpe`` the positions)."""
     if x.shape is None or y.shape is None or root or not x.slot.startswith("inputs"):
         return True
-    if math.prod(x.shape) != math.prod(y.shape):
+    if math.prod(x.shape) != math.prod(y.shape) or _kinds_apart(x, y, values):
         return False
     if values is not None and _integers(x) and _integers(y) and values.stats(x, "a") and values.stats(y, "b"):
         return values.similarity(x, y) == 1.0
     return True
+
+
+def _kinds_apart(x: TensorRecord, y: TensorRecord, values: Values | None) -> bool:
+    """One a mask, the other numbers (``compare.masks.kinds_apart``): never a pair on their slot or shape."""
+    stats_x = (values.stats(x, "a") if values is not None else None) or x.stats
+    stats_y = (values.stats(y, "b") if values is not None else None) or y.stats
+    return kinds_apart(x.dtype, stats_x, y.dtype, stats_y)
 
 
 def _known_integers(record: TensorRecord, values: Values | None) -> bool:
@@ -224,11 +233,13 @@ def _by_value(spare_a: list[TensorRecord], spare_b: list[TensorRecord], values: 
     return out
 
 
-def _in_order_by_shape(spare_a: list[TensorRecord], spare_b: list[TensorRecord]) -> TensorPairs:
+def _in_order_by_shape(spare_a: list[TensorRecord], spare_b: list[TensorRecord], values: Values | None
+                       ) -> TensorPairs:
     """Each of A's tensors with the next of B's, in recorded order, whose shape is the same.
 
     A second pass pairs what is left when the shapes agree once dimensions of
-    size 1 are dropped (nanoGPT's position ids ``[T]`` against ``[1, T]``).
+    size 1 are dropped (nanoGPT's position ids ``[T]`` against ``[1, T]``). A mask never pairs with numbers
+    here: a rotary table ``[T, D]`` is not a mask ``[1, 1, T, T]`` because ``T == D``.
     """
     out: TensorPairs = []
     for same in (lambda x, y: x == y, lambda x, y: squeezed(x) == squeezed(y)):
@@ -238,7 +249,8 @@ def _in_order_by_shape(spare_a: list[TensorRecord], spare_b: list[TensorRecord])
         start = 0
         for ta in (t for t in spare_a if id(t) not in used_a):
             for j in range(start, len(left_b)):
-                if ta.shape is not None and left_b[j].shape is not None and same(ta.shape, left_b[j].shape):
+                if ta.shape is not None and left_b[j].shape is not None and same(ta.shape, left_b[j].shape) \
+                        and not _kinds_apart(ta, left_b[j], values):
                     out.append((ta, left_b[j]))
                     start = j + 1
                     break
