@@ -1,12 +1,13 @@
 """A tensor-parallel engine without DTensors (Megatron's way: plain local shards and explicit collectives), for
 the declared-layout tests (``--shards``), and its one-process reference built from the same weights.
 
-    python tests/distributed/plain_tp.py ref OUT
-    torchrun --nproc-per-node 2 tests/distributed/plain_tp.py tp OUTROOT [MISTAKE,...]   # or "ops", "summary"
+    python tests/distributed/plain_tp.py ref OUT [scalar]
+    torchrun --nproc-per-node 2 tests/distributed/plain_tp.py tp OUTROOT [MISTAKE,...]   # or a VARIANT
 
 Modules: a vocabulary-parallel embedding (rows of the table split over ranks, out-of-range tokens masked, the
 partial lookups all-reduced), a sequence-parallel norm (each rank normalises its slice of the sequence, then
-the slices are gathered), a mixer across positions, a column-parallel then a row-parallel linear (all-reduced).
+the slices are gathered), a mixer across positions, a column-parallel then a row-parallel linear (all-reduced);
+the ``scalar`` variant ends with a module that returns a 0-d tensor (a loss-like score).
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ import torch
 from torch import nn
 
 MISTAKES = ("none", "embedding_no_mask", "no_allreduce", "sp_no_gather")
-#: Clean runs captured another way: ``ops`` with op-level capture, ``summary`` with statistics only.
-VARIANTS = ("ops", "summary")
+#: Clean runs captured another way: ``ops`` with op-level capture, ``summary`` with statistics only, ``scalar``
+#: with a last module that returns a 0-d tensor.
+VARIANTS = ("ops", "summary", "scalar")
 VOCAB, HIDDEN, FFN, SEQ = 32, 16, 32, 8
 SHARDS_RULES = """\
 # module path (without the root)   tensor slot: layout
@@ -100,14 +102,20 @@ class Mlp(nn.Module):
         return out if self.world.mistake == "no_allreduce" else self.world.all_reduce(out)
 
 
+class Score(nn.Module):  # a 0-d output, alike on every rank (its input is all-reduced)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.square().mean()
+
+
 class PlainTP(nn.Module):
-    def __init__(self, mistake: str = "none") -> None:
+    def __init__(self, mistake: str = "none", *, scalar: bool = False) -> None:
         super().__init__()
         world = _World(mistake)
         self.world = world
         weights = _weights()
         self.embed, self.norm, self.mixer, self.mlp = Embedding(world, weights["embed"]), Norm(world), Mixer(), \
             Mlp(world, weights)
+        self.score = Score() if scalar else None
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         x = self.norm(self.embed(ids))
@@ -115,7 +123,8 @@ class PlainTP(nn.Module):
             parts = [torch.empty_like(x) for _ in range(self.world.size)]
             torch.distributed.all_gather(parts, x.contiguous())
             x = torch.cat(parts, dim=1)
-        return self.mlp(self.mixer(x))
+        out = self.mlp(self.mixer(x))
+        return self.score(out) if self.score is not None else out
 
 
 def build() -> tuple[PlainTP, dict[str, torch.Tensor]]:
@@ -129,7 +138,7 @@ def run(out: Path, mistake: str) -> None:
     import tracediff
 
     ops = mistake == "ops"
-    model = PlainTP("none" if mistake in VARIANTS else mistake)
+    model = PlainTP("none" if mistake in VARIANTS else mistake, scalar=mistake == "scalar")
     ids = (torch.arange(SEQ).reshape(1, SEQ) * 5) % VOCAB
     tensors = "summary" if mistake == "summary" else "full"
     with torch.no_grad(), tracediff.capture(model, out, ranks="all", ops=ops, tensors=tensors):
@@ -139,7 +148,7 @@ def run(out: Path, mistake: str) -> None:
 def main(argv: list[str]) -> None:
     command, out = argv[0], Path(argv[1])
     if command == "ref":
-        run(out, "none")
+        run(out, argv[2] if len(argv) > 2 else "none")
         return
     torch.distributed.init_process_group("gloo")
     for mistake in argv[2].split(",") if len(argv) > 2 else ["none"]:

@@ -342,6 +342,10 @@ class Alignment:
             return (f"nothing was compared: no tensor of A ({self.model_a}) pairs with a tensor of B "
                     f"({self.model_b}), {self.matched_nodes} module calls paired; check that both are traces of one "
                     "model that hold tensors, or give --map")
+        unplaced = sum(not finding.failing for finding in self.shard_findings)
+        if unplaced:
+            return (f"{unplaced} tensor(s) of a multi-rank trace were not placed, so not compared (see the shard "
+                    "findings; declare their layouts with --shards)")
         if self.payloads_expected and self._tally.approximate == len(self.rows):
             return ("only recorded statistics were compared, though both traces hold payloads: no payload pair "
                     "was compared")

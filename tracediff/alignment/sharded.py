@@ -17,7 +17,10 @@ from .result import Job, TensorComparison, fill
 
 
 def place_unrecorded(trace_a: Trace, trace_b: Trace) -> None:
-    """Place each side's tensors that have no layout against the other side's values."""
+    """Place each side's tensors that have no layout against the other side's values (two sharded traces of one
+    mesh: rank by rank first)."""
+    if isinstance(trace_b, ShardedTrace) and isinstance(trace_a, ShardedTrace):
+        trace_b.place_rankwise(trace_a)
     for mine, theirs in ((trace_b, trace_a), (trace_a, trace_b)):
         if isinstance(mine, ShardedTrace):
             mine.place_against(theirs, closeness=_close)

@@ -40,7 +40,10 @@ def read_ranks(path: str | Path) -> RankSet:
     manifest = _manifest(folder)
     names = manifest.get("ranks")
     world = manifest.get("world_size")
-    if not isinstance(names, list) or not all(isinstance(n, str) for n in names) or type(world) is not int \
+    if type(world) is not int or world < 1:
+        raise TraceFormatError(f"{folder / fmt.RANKS_FILE}: 'world_size' must be a positive integer, got "
+                               f"{_short(world)}")
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names) \
             or len(names) != world or names != [fmt.rank_folder(r) for r in range(world)]:
         raise TraceFormatError(f"{folder / fmt.RANKS_FILE}: 'ranks' must name rank0 to rank{{world_size-1}}")
     traces = []
@@ -102,6 +105,12 @@ def _coordinates(trace: Trace, rank: int, shape: tuple[int, ...]) -> tuple[int, 
     if len(shape) == 1:
         return (rank,)
     raise TraceFormatError(f"{trace.directory}: no mesh coordinates for rank {rank} of a {len(shape)}-D mesh")
+
+
+def _short(value: Any) -> str:
+    """``value``'s repr, cut to one short line (a manifest may hold anything)."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _ints(value: Any) -> bool:

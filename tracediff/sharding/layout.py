@@ -16,10 +16,17 @@ from typing import Any
 import numpy as np
 
 from .. import format as fmt
+from ..errors import PayloadError
 from ..trace.payload import Payload, as_floats, is_floating
 
 #: (kind, dim): ("R", None), ("P", None), ("S", d)
 Placement = tuple[str, int | None]
+#: The longest placement code read: ``S(-d)`` with a dim of 18 digits (a shape's dims have at most 18).
+_LONGEST_CODE = len("S(-)") + 18
+#: ``Layout.source`` of a tensor that neither of two sharded traces of one mesh places: each rank's shard is
+#: compared with the same rank's shard of the other trace, the global tensor being the shards stacked in rank
+#: order along a new leading dim.
+RANKWISE = "rankwise"
 
 
 @dataclass(frozen=True)
@@ -41,6 +48,8 @@ class Layout:
 
     def describe(self) -> str:
         """``"S(-1) (style)"``: the placements as written in a trace, and their source."""
+        if self.source == RANKWISE:
+            return "rank by rank (rankwise)"
         codes = [fmt.shard_code(dim) if kind == "S" and dim is not None else kind for kind, dim in self.placements]
         return f"{', '.join(codes)} ({self.source})"
 
@@ -53,6 +62,8 @@ def parse_layout(entry: Any, mesh_dims: int) -> Layout | None:
     codes = entry.get(fmt.LAYOUT_PLACEMENTS)
     if not isinstance(codes, list) or len(codes) != mesh_dims:
         return None
+    if not all(isinstance(code, str) and len(code) <= _LONGEST_CODE for code in codes):
+        return None  # never int() of thousands of digits (Python refuses over 4,300): S(d) has at most 18
     placements = [fmt.parse_placement(code) for code in codes]
     if any(p is None for p in placements):
         return None
@@ -74,6 +85,12 @@ def _groups(coordinates: Sequence[tuple[int, ...]], ranks: Sequence[int], depth:
 def global_shape(layout: Layout, shapes: Sequence[tuple[int, ...] | None],
                  coordinates: Sequence[tuple[int, ...]]) -> tuple[int, ...] | str:
     """The global shape the ranks' local ``shapes`` make under ``layout``, or the reason they do not fit it."""
+    if layout.source == RANKWISE:
+        if any(shape is None or shape != shapes[0] for shape in shapes):
+            return "ranks hold shards of different shapes, compared rank by rank"
+        assert shapes[0] is not None
+        return (len(shapes), *shapes[0])
+
     def build(ranks: list[int], depth: int) -> tuple[int, ...] | str:
         if depth == len(layout.placements):
             shape = shapes[ranks[0]]
@@ -117,6 +134,12 @@ def rebuild(layout: Layout, load: Callable[[int], Payload], world: int,
     float64 and returned as float32 (float64 for float64 shards).
     """
     differences: list[ReplicaDifference] = []
+    if layout.source == RANKWISE:
+        parts = [load(rank) for rank in range(world)]
+        _same_dtype(parts)
+        if any(p.shape != parts[0].shape for p in parts):
+            raise PayloadError(f"ranks hold shards of shapes {sorted({str(list(p.shape)) for p in parts})}")
+        return Payload(np.stack([p.values for p in parts]), parts[0].dtype), differences
 
     def build(ranks: list[int], depth: int) -> tuple[Payload, int]:
         if depth == len(layout.placements):
@@ -124,18 +147,28 @@ def rebuild(layout: Layout, load: Callable[[int], Payload], world: int,
         parts = [build(group, depth + 1) for group in _groups(coordinates, ranks, depth)]
         kind, dim = layout.placements[depth]
         first, first_rank = parts[0]
+        _same_dtype([p for p, _ in parts])
         if kind == fmt.REPLICATE:
             for part, rank in parts[1:]:
                 if not _alike(first, part):
                     differences.append(ReplicaDifference(rank, first_rank, _max_abs_err(first, part)))
             return first, first_rank
         if kind == fmt.PARTIAL:
+            if any(p.shape != first.shape for p, _ in parts):  # numpy would broadcast a (64,) into [1, 12, 64]
+                raise PayloadError(f"partial sums of shapes {sorted({str(list(p.shape)) for p, _ in parts})}")
             work = np.float64
             total = sum((as_floats(p.values, p.dtype, work) for p, _ in parts), np.zeros(first.shape, work))
             dtype = "float64" if first.dtype == "float64" else "float32"
             return Payload(np.asarray(total, dtype=np.float64 if dtype == "float64" else np.float32), dtype), first_rank
         assert dim is not None
-        joined = np.concatenate([p.values for p, _ in parts], axis=dim)
+        ndim = {len(p.shape) for p, _ in parts}
+        if len(ndim) != 1 or not -min(ndim) <= dim < min(ndim):
+            raise PayloadError(f"shards of {sorted(ndim)} dims cannot be joined along dim {dim}")
+        try:
+            joined = np.concatenate([p.values for p, _ in parts], axis=dim)
+        except ValueError:  # sizes beyond the dim differ: each shard is checked against its record before
+            raise PayloadError(f"shards of shapes {[list(p.shape) for p, _ in parts]} cannot be joined along dim "
+                               f"{dim}") from None
         return Payload(joined, first.dtype), first_rank
 
     payload, _ = build(list(range(world)), 0)
@@ -145,6 +178,8 @@ def rebuild(layout: Layout, load: Callable[[int], Payload], world: int,
 def shard_spans(layout: Layout, shapes: Sequence[tuple[int, ...]], coordinates: Sequence[tuple[int, ...]]
                 ) -> dict[int, tuple[slice, ...]] | None:
     """Where each rank's shard lies in the global tensor (1-D meshes without partial sums), or None."""
+    if layout.source == RANKWISE:  # stacked: rank r's shard is index r of the leading dim
+        return {rank: (slice(rank, rank + 1),) for rank in range(len(shapes))}
     if len(layout.placements) != 1 or layout.partial:
         return None
     kind, dim = layout.placements[0]
@@ -161,10 +196,21 @@ def shard_spans(layout: Layout, shapes: Sequence[tuple[int, ...]], coordinates: 
     return spans
 
 
+def _same_dtype(parts: Sequence[Payload]) -> None:
+    """Refuse shards of other dtypes: joined, numpy would promote them (or mix bf16 bit patterns with floats)."""
+    dtypes = {p.dtype for p in parts}
+    if len(dtypes) > 1:
+        raise PayloadError(f"ranks hold shards of dtypes {', '.join(sorted(dtypes))}")
+
+
+def _bytes(values: np.ndarray) -> np.ndarray:
+    """The bytes of ``values`` (a 0-d array too, which numpy cannot view as another dtype)."""
+    return np.ascontiguousarray(values).reshape(-1).view(np.uint8)
+
+
 def _alike(a: Payload, b: Payload) -> bool:
     """Bitwise equal (NaNs of one pattern included): the ranks of a replica ran the same kernels on the same data."""
-    return a.shape == b.shape and a.dtype == b.dtype and bool(np.array_equal(
-        a.values.view(np.uint8) if a.values.size else a.values, b.values.view(np.uint8) if b.values.size else b.values))
+    return a.shape == b.shape and a.dtype == b.dtype and bool(np.array_equal(_bytes(a.values), _bytes(b.values)))
 
 
 def _max_abs_err(a: Payload, b: Payload) -> float:

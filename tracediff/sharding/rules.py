@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import fnmatch
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -31,8 +32,10 @@ from ..files.confine import read_bounded
 from .layout import Layout, Placement
 
 RULES_LIMIT = 1 << 20
+#: The most rules a file may hold: each tensor of the trace is matched against the rules in order.
+RULES_COUNT_LIMIT = 4096
 _RULE = re.compile(r"(?P<path>\S+)\s+(?P<slot>[^\s:]+)\s*:\s*(?P<layout>.+)")
-_DIM = re.compile(r"dim\s+(-?\d+)\s+over\s+(\S+)")
+_DIM = re.compile(r"dim\s+(-?\d{1,18})\s+over\s+(\S+)")  # a shape's dims have at most 18 digits
 _PARTIAL = re.compile(r"partial\s+over\s+(\S+)")
 
 
@@ -45,6 +48,7 @@ class ShardRule:
     kind: str  # "S", "P" or "R"
     dim: int | None
     mesh_dim: str | None
+    matches: Callable[[str], re.Match[str] | None] = field(repr=False, compare=False, default=lambda _: None)
 
 
 @dataclass
@@ -58,7 +62,7 @@ class ShardRules:
     def layout_for(self, relative_path: str, slot: str, dim_names: tuple[str, ...]) -> Layout | None:
         """The layout of the first rule matching the call at ``relative_path`` and ``slot``, or None."""
         for rule in self.rules:
-            if not _covers(rule.slot, slot) or not fnmatch.fnmatchcase(relative_path, rule.path):
+            if not _covers(rule.slot, slot) or not rule.matches(relative_path):
                 continue
             self.used.add(rule.line)
             placements: list[Placement] = [(fmt.REPLICATE, None)] * len(dim_names)
@@ -82,13 +86,18 @@ class ShardRules:
                          f"run's ({', '.join(dim_names)})")
 
 
+def _compiled(glob: str) -> Callable[[str], re.Match[str] | None]:
+    """The matcher of one glob, compiled once (``fnmatch``'s own cache holds 32,768 patterns, then recompiles)."""
+    return re.compile(fnmatch.translate(glob)).match
+
+
 def _covers(prefix: str, slot: str) -> bool:
     return slot == prefix or slot.startswith(prefix + ".")
 
 
 def parse_rules(text: str, source: str) -> ShardRules:
     """The rules of ``text`` (``UsageError`` naming ``source`` and the line for one that does not parse)."""
-    rules = []
+    rules: list[ShardRule] = []
     for number, raw in enumerate(text.splitlines(), start=1):
         line = raw.split("#", 1)[0].strip()
         if not line:
@@ -97,12 +106,17 @@ def parse_rules(text: str, source: str) -> ShardRules:
         layout = match.group("layout").strip() if match else ""
         dim, partial = _DIM.fullmatch(layout), _PARTIAL.fullmatch(layout)
         if match is None or not (dim or partial or layout == "replicated"):
+            shown = line if len(line) <= 80 else line[:77] + "..."
             raise UsageError(f"{source}: line {number}: expected 'PATH SLOT: dim D over NAME', 'PATH SLOT: partial "
-                             f"over NAME' or 'PATH SLOT: replicated', got {line!r}")
+                             f"over NAME' or 'PATH SLOT: replicated', got {shown!r}")
         kind, tensor_dim, mesh_dim = (("S", int(dim.group(1)), dim.group(2)) if dim else
                                       (fmt.PARTIAL, None, partial.group(1)) if partial else
                                       (fmt.REPLICATE, None, None))
-        rules.append(ShardRule(number, line, match.group("path"), match.group("slot"), kind, tensor_dim, mesh_dim))
+        if len(rules) == RULES_COUNT_LIMIT:
+            raise UsageError(f"{source}: holds more than {RULES_COUNT_LIMIT} rules; refused")
+        glob = match.group("path")
+        rules.append(ShardRule(number, line, glob, match.group("slot"), kind, tensor_dim, mesh_dim,
+                               _compiled(glob)))
     if not rules:
         raise UsageError(f"{source}: holds no rule")
     return ShardRules(source, tuple(rules))

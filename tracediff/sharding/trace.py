@@ -24,7 +24,7 @@ from ..trace.load import Trace
 from ..trace.model import Node, TensorRecord
 from .findings import ShardFinding
 from .folder import RankSet, read_ranks
-from .layout import Layout, global_shape, parse_layout, rebuild, shard_spans
+from .layout import RANKWISE, Layout, global_shape, parse_layout, rebuild, shard_spans
 from .stats import combined_stats
 
 if TYPE_CHECKING:
@@ -76,9 +76,8 @@ class ShardedTrace(Trace):
         placed = self.placed.get(record.order)
         if placed is None or placed.layout is None or self.ranks is None:
             raise PayloadError(f"{self.directory}: {record.slot}: {placed.reason if placed else 'not placed'}")
-        ranks = self.ranks
         if placed.layout.replicated and record.order in self._checked:  # read again (pcc, positions): one copy
-            return ranks.traces[0].load_payload(placed.shards[0])
+            return self._shard(placed, 0)
         payload, differences = self._rebuild(placed)
         if placed.layout.replicated:
             self.mark_replica_checked(record)
@@ -107,7 +106,7 @@ class ShardedTrace(Trace):
         placed = self.placed.get(record.order)
         if placed is None or self.ranks is None:
             raise PayloadError(f"{self.directory}: {record.slot}: not placed")
-        return self.ranks.traces[rank].load_payload(placed.shards[rank])
+        return self._shard(placed, rank)
 
     def load(self, record: TensorRecord) -> Any:
         raise PayloadError(f"{self.directory}: a sharded trace is read as numpy payloads only ({record.slot})")
@@ -134,10 +133,8 @@ class ShardedTrace(Trace):
         spans = shard_spans(placed.layout, known, self.ranks.coordinates) if len(known) == len(shapes) else None
         if spans is None:
             return []
-        traces = self.ranks.traces
-
         def reader(rank: int) -> Callable[[], Payload]:
-            return lambda: traces[rank].load_payload(placed.shards[rank])
+            return lambda: self._shard(placed, rank)
 
         replica = placed.layout.replicated
         return [(rank, span, reader(rank) if replica else None) for rank, span in spans.items()]
@@ -155,7 +152,12 @@ class ShardedTrace(Trace):
             for i, record in enumerate(node.tensors):
                 placed = self.placed.get(record.order)
                 counterpart = theirs.get((node.key, node.op_index, record.slot))
-                if placed is None or counterpart is None or counterpart.shape is None:
+                if placed is None or counterpart is None:
+                    continue
+                if counterpart.shape is None:
+                    if placed.layout is None:  # nothing to place it by: listed, so that it fails to pass
+                        node.tensors[i] = self._unplaced(record, placed, "no layout recorded or declared, and the "
+                                                         "other trace's tensor has no shape to place it by")
                     continue
                 if placed.layout is not None and placed.layout.source != _UNRECORDED:
                     continue
@@ -167,6 +169,46 @@ class ShardedTrace(Trace):
                                                          "either trace, and the ranks hold different values")
                     continue  # a replica by shape and values, checked when read
                 node.tensors[i] = self._place_by_value(record, placed, counterpart, other, closeness)
+
+    def place_rankwise(self, other: ShardedTrace) -> None:
+        """Compare rank by rank the tensors that neither this trace nor ``other`` (a sharded trace of the same
+        mesh) places: each rank's shard against the same rank's shard of ``other``, where every rank holds a
+        shard of one shape in both traces. A tensor whose ranks hold one copy in both traces stays a replica
+        (checked alike); one whose ranks differ on either side would otherwise be left unplaced, never compared."""
+        mine, theirs = self.ranks, other.ranks
+        if mine is None or theirs is None or mine.mesh_shape != theirs.mesh_shape or \
+                mine.coordinates != theirs.coordinates:
+            return
+        records = {(node.key, node.op_index, record.slot): (node, i) for node in every_node(other)
+                   for i, record in enumerate(node.tensors)}
+        for node in self.nodes():
+            for i, record in enumerate(node.tensors):
+                found = records.get((node.key, node.op_index, record.slot))
+                if found is None:
+                    continue
+                other_node, j = found
+                other_record = other_node.tensors[j]
+                placed, counterpart = self.placed.get(record.order), other.placed.get(other_record.order)
+                if placed is None or counterpart is None or not (_unlaid(placed) and _unlaid(counterpart)):
+                    continue
+                shapes = [shard.shape for shard in placed.shards]
+                if None in shapes or shapes != [shard.shape for shard in counterpart.shards] or \
+                        any(shape != shapes[0] for shape in shapes):
+                    continue
+                if placed.layout is not None and counterpart.layout is not None and \
+                        self._ranks_agree(record, placed) and other._ranks_agree(other_record, counterpart):
+                    continue  # a replica on both sides: checked alike, read from rank 0
+                node.tensors[i] = self._rankwise(record, placed)
+                other_node.tensors[j] = other._rankwise(other_record, counterpart)
+
+    def _rankwise(self, record: TensorRecord, placed: Placed) -> TensorRecord:
+        layout = Layout((("S", 0),), RANKWISE)
+        self.placed[record.order] = Placed(layout, placed.shards, placed.node)
+        shape = global_shape(layout, [shard.shape for shard in placed.shards], ())
+        assert not isinstance(shape, str)
+        payload = placed.shards[0].payload if all(shard.has_payload for shard in placed.shards) else None
+        # stacked in rank order: the statistics of a concatenation
+        return replace(record, shape=shape, payload=payload, stats=combined_stats([s.stats for s in placed.shards]))
 
     def _ranks_agree(self, record: TensorRecord, placed: Placed) -> bool:
         """Whether every rank holds the same copy of the replica ``record`` (then read from rank 0 alone)."""
@@ -182,8 +224,26 @@ class ShardedTrace(Trace):
         """The global tensor of ``placed`` from every rank's shard, and where replicated copies differ."""
         ranks, layout = self.ranks, placed.layout
         assert ranks is not None and layout is not None
-        return rebuild(layout, lambda r: ranks.traces[r].load_payload(placed.shards[r]), self.world_size,
-                       ranks.coordinates)
+        try:
+            return rebuild(layout, lambda r: self._shard(placed, r), self.world_size, ranks.coordinates)
+        except PayloadError as e:
+            if str(e).startswith(str(self.directory)):  # a shard's own problem, naming its file
+                raise
+            raise PayloadError(f"{self.directory}: {placed.node.module_path} (call {placed.node.call_index}) "
+                               f"{placed.shards[0].slot}: {e}") from None
+
+    def _shard(self, placed: Placed, rank: int) -> Payload:
+        """Rank ``rank``'s payload of ``placed``, checked against that rank's record before any use: a shard of
+        another shape or dtype would be joined, summed or broadcast into a global tensor its record never held."""
+        assert self.ranks is not None
+        trace, record = self.ranks.traces[rank], placed.shards[rank]
+        payload = trace.load_payload(record)
+        stated = record.dtype.removeprefix("torch.") if record.dtype is not None else None
+        if record.shape is None or payload.shape != record.shape or payload.dtype != stated:
+            raise PayloadError(f"{trace.payload_path(record)}: holds {payload.dtype} {list(payload.shape)} but rank "
+                               f"{rank}'s trace says {record.dtype} "
+                               f"{list(record.shape) if record.shape is not None else 'no shape'}")
+        return payload
 
     def _place_by_value(self, record: TensorRecord, placed: Placed, counterpart: TensorRecord, other: Trace,
                         closeness: Any) -> TensorRecord:
@@ -226,6 +286,11 @@ class ShardedTrace(Trace):
 def every_node(trace: Trace) -> list[Node]:
     """Every node of ``trace``, each module call followed by its op nodes (op-level capture)."""
     return [each for node in trace.nodes() for each in (node, *node.ops)]
+
+
+def _unlaid(placed: Placed) -> bool:
+    """No layout recorded or declared: not placed, or a replica by shape alone."""
+    return placed.layout is None or placed.layout.source == _UNRECORDED
 
 
 def _unrecorded(trace: Trace, record: TensorRecord) -> bool:
@@ -273,7 +338,8 @@ def _global_record(trace: ShardedTrace, ranks: RankSet, node: Node, record: Tens
     entry = ranks.traces[0].layouts.get(record.order)
     layout = parse_layout(entry, mesh_dims) if entry is not None else declared  # the trace's word first
     if entry is not None and layout is None:
-        raise TraceFormatError(f"{ranks.folder / 'rank0'}: {node.module_path} {record.slot}: layout {entry!r} "
+        shown = repr(entry) if len(repr(entry)) <= 80 else repr(entry)[:77] + "..."
+        raise TraceFormatError(f"{ranks.folder / 'rank0'}: {node.module_path} {record.slot}: layout {shown} "
                                f"is not one placement per dimension of the {mesh_dims}-D mesh")
     shapes = [shard.shape for shard in shards]
     if layout is None:

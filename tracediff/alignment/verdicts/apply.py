@@ -79,9 +79,9 @@ def _ignored_by(rules: tuple[tuple[str, str], ...], job: Job) -> str | None:
 
 
 def judge(rows: Sequence[RowDraft], jobs: Sequence[Job], trace_a: Trace, *, baseline: Trace | None,
-          noise_factor: float, ignore: tuple[tuple[str, str], ...], run: Runner) -> Verdicts:
+          noise_factor: float, ignore: tuple[tuple[str, str], ...], run: Runner, sharded: bool = False) -> Verdicts:
     """Apply the noise rules, set ignored rows aside and find the sources, deciding the drafts in place
-    (``rows[i]`` is ``jobs[i]``'s row)."""
+    (``rows[i]`` is ``jobs[i]``'s row; ``sharded``: a side is a multi-rank trace)."""
     warnings: list[str] = []
     if baseline is not None:
         records = baseline_records(baseline)
@@ -108,7 +108,7 @@ def judge(rows: Sequence[RowDraft], jobs: Sequence[Job], trace_a: Trace, *, base
         if warning:
             warnings.append(warning)
 
-    accept_cut_elsewhere(rows, jobs)
+    accept_cut_elsewhere(rows, jobs, sharded=sharded)
     matched = [_ignored_by(ignore, job) for job in jobs] if ignore else [None] * len(jobs)
     used = {m for m in matched if m}
     for path, slot in ignore:

@@ -16,8 +16,14 @@ from ..result import Job
 from ..rows import RowDraft
 
 
-def accept_cut_elsewhere(rows: Sequence[RowDraft], jobs: Sequence[Job]) -> None:
-    """Accept each diverged output row whose value one side passes on unchanged to an input that agrees."""
+def accept_cut_elsewhere(rows: Sequence[RowDraft], jobs: Sequence[Job], *, sharded: bool = False) -> None:
+    """Accept each diverged output row whose value one side passes on unchanged to an input that agrees.
+
+    ``sharded``: a side is a multi-rank trace, whose records name rank 0's shard: a gather between two calls
+    gives one global value a new payload there, so payloads say nothing of code that changed a value, and no
+    row is accepted this way."""
+    if sharded:
+        return
     # agreeing input rows by payload, on each side: the only rows an output can flow into unchanged (this
     # pass changes output rows alone, so the index stays true while it runs)
     by_a: dict[str, list[int]] = {}
