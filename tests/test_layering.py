@@ -2,8 +2,9 @@
 
 The folders draw the pipeline, and imports only go down it: cli -> demo -> render -> replaying / steps / show
 -> alignment -> sharding / compare / maps -> capturing / importers -> trace -> files -> the base (``format``,
-``errors``, ``display``, ``_version``). The core never imports the command line or a renderer: ``Alignment.to_html()``
-reaches the renderer through the registry in ``tracediff.display``, which the render package fills. Inside
+``errors``, ``display``, ``_version``, ``order``). The core never imports the command line or a renderer:
+``Alignment.to_html()`` reaches the renderer through the registry in ``tracediff.display``, which the render
+package fills. Inside
 ``alignment``, pairing (which call and tensor pairs with which) and verdicts (what the measured rows mean)
 do not import each other.
 """
@@ -42,7 +43,7 @@ ALLOWED: dict[str, set[str]] = {
 }
 CORE = {"base", "files", "trace", "capturing", "importers", "maps", "compare", "sharding", "alignment", "show", "steps",
         "replaying"}
-BASE_MODULES = {"errors", "format", "display", "_version"}
+BASE_MODULES = {"errors", "format", "display", "_version", "order"}
 #: Inside alignment: what each part may import of the others (besides itself).
 ALIGNMENT_PARTS: dict[str, set[str]] = {
     "pairing": {"result"},

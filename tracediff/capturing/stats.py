@@ -44,6 +44,7 @@ from typing import Any
 import torch
 
 from .. import format as fmt
+from ..order import chunk_size
 
 FLOAT_DTYPES = {torch.float16, torch.bfloat16, torch.float32, torch.float64} | {
     getattr(torch, name)
@@ -151,8 +152,9 @@ def numpy_stats(tensor: torch.Tensor, *, buffers: StatsBuffers | None = None) ->
     if values.dtype.kind in "iu":
         return integer_summary(n, "int", [[int(values.min()), int(values.max()), int(np.count_nonzero(values))]])
     chunks: list[tuple[float, ...]] = []
-    for start in range(0, n, CHUNK):
-        x = values[start:start + CHUNK].astype(np.float64)
+    step = chunk_size(CHUNK)  # TRACEDIFF_REORDER: shorter, odd chunks (tracediff/order.py)
+    for start in range(0, n, step):
+        x = values[start:start + step].astype(np.float64)
         finite = np.isfinite(x)
         if finite.all():
             counts = (x.size, 0, 0)
@@ -176,7 +178,8 @@ def wide_stats(tensor: torch.Tensor, *, buffers: StatsBuffers | None = None) -> 
     if n == 0:
         return {"numel": 0}
     work = buffers if buffers is not None else StatsBuffers()
-    parts = torch.cat([wide_partials(flat[start:start + CHUNK], work) for start in range(0, n, CHUNK)])
+    step = chunk_size(CHUNK)
+    parts = torch.cat([wide_partials(flat[start:start + step], work) for start in range(0, n, step)])
     values = parts.tolist()
     return float_summary(n, [values[k:k + WIDE_PARTS] for k in range(0, len(values), WIDE_PARTS)])
 
@@ -184,13 +187,14 @@ def wide_stats(tensor: torch.Tensor, *, buffers: StatsBuffers | None = None) -> 
 def _float_stats(flat: torch.Tensor, n: int, buffers: StatsBuffers) -> dict[str, Any]:
     lows: Sequence[float]
     highs: Sequence[float]
-    if n <= CHUNK:  # one chunk (every tensor of a decode step): its six numbers read as they are
+    step = chunk_size(CHUNK)  # TRACEDIFF_REORDER: shorter, odd chunks (tracediff/order.py)
+    if n <= step:  # one chunk (every tensor of a decode step): its six numbers read as they are
         lo, hi, total, squares, abs_total, nonzero = (part.item() for part in _fast_partial_scalars(flat, buffers))
         lows, highs = (lo,), (hi,)
         # each sum of one term as math.fsum gives it: the term itself, -0.0 turned into 0.0
         total, squares, abs_total = total + 0.0, squares + 0.0, abs_total + 0.0
     else:
-        values = torch.cat([fast_partials(flat[start:start + CHUNK], buffers) for start in range(0, n, CHUNK)]).tolist()
+        values = torch.cat([fast_partials(flat[start:start + step], buffers) for start in range(0, n, step)]).tolist()
         lows, highs = values[0::6], values[1::6]
         total, squares, abs_total = math.fsum(values[2::6]), math.fsum(values[3::6]), math.fsum(values[4::6])
         nonzero = math.fsum(values[5::6])

@@ -57,6 +57,7 @@ from typing import Any
 
 import numpy as np
 
+from ..order import chunk_size
 from ..trace.payload import Payload, as_floats, payload_of
 from .row_pass import PearsonSums, PositionTracker, RowExtras
 from .rule import passes
@@ -176,9 +177,10 @@ def _accumulate(a: Payload, b: Payload, acc: _Accumulator) -> _Accumulator:
     work = np.float64 if "float64" in (a.dtype, b.dtype) else np.float32
     fa, fb = a.values.reshape(-1), b.values.reshape(-1)
     scratch = _scratch(work)
+    step = chunk_size(CHUNK)  # TRACEDIFF_REORDER: shorter, odd chunks (tracediff/order.py)
     with _quiet():
-        for start in range(0, a.size, CHUNK):
-            stop = min(start + CHUNK, a.size)
+        for start in range(0, a.size, step):
+            stop = min(start + step, a.size)
             acc.add(as_floats(fa[start:stop], a.dtype, work, scratch.wide_a[:stop - start]),
                     as_floats(fb[start:stop], b.dtype, work, scratch.wide_b[:stop - start]), start)
     return acc

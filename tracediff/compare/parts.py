@@ -18,6 +18,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from ..order import merge_order
 from ..trace.payload import payload_of
 from .metrics import PairMetrics, _accumulate, _Accumulator, bitwise_equal, finite_pair, identical_metrics
 
@@ -87,6 +88,7 @@ def measure_part(a: Any, b: Any, *, atol: float, rtol: float) -> PartMetrics:
 def merge_parts(parts: list[PartMetrics], *, atol: float, rtol: float) -> tuple[PairMetrics, float]:
     """The metrics of the whole pair from the states of its slices, and its Pearson correlation."""
     numel = sum(part.numel for part in parts)
+    parts = merge_order(parts)  # TRACEDIFF_REORDER: merged last to first (tracediff/order.py)
     moments = Moments(0, 0.0, 0.0, 0.0, 0.0, 0.0)
     for part in parts:
         moments = moments.merge(part.moments)
