@@ -33,7 +33,7 @@ from .errors import TraceFormatError
 
 #: ``"MAJOR.MINOR"``. A reader refuses a newer MAJOR and ignores what it does not know within a MAJOR.
 #: Traces of tracediff 0.1 carry the integer ``1``, read as ``"1.0"``.
-FORMAT_VERSION = "1.4"
+FORMAT_VERSION = "1.5"
 
 # --- files --------------------------------------------------------------------------------------------------
 
@@ -213,6 +213,14 @@ ERROR_MESSAGE = "message"
 #: position among the recorded ops of that call. They share the call's ``module_path`` and ``call_index``.
 OP = "op"
 OP_INDEX = "op_index"
+#: Graph nodes (a runtime whose work is a graph: llama.cpp, ONNX Runtime), children of a top-level call: what
+#: each node read, one reference per input (``{"module_path": p, "call_index": k}`` of an earlier node, or
+#: ``{"external": text}`` for a value no node of the trace produced), and the runtime's attributes of the node.
+SOURCES = "sources"
+SOURCE_EXTERNAL = "external"
+ATTRIBUTES = "attributes"
+#: The ``py_type`` of an input read from outside the trace (a graph node's ``sources`` entry that is external).
+EXTERNAL_INPUT = "external"
 
 # --- tensor entries -----------------------------------------------------------------------------------------
 
@@ -274,8 +282,10 @@ METADATA_KEYS = (
     "torch_version", "python_version", "transformers_version", "model_class",
     "model_name", "devices", "dtypes", "world_size", "rank", "created", "options", COMPLETE_KEY, ERROR,
     "capture_failure", "calls", "payload_files", "payload_bytes", "verification", "forward_parameters",
-    "mesh", "run_started",
+    "mesh", "run_started", "runtime",
 )
+#: Facts a runtime's adapter records about the model (a JSON object of its own: a gguf file's name, ...).
+RUNTIME = "runtime"
 FORWARD_PARAMETERS = "forward_parameters"
 
 _UNSAFE_FILE_CHARS = re.compile(r"[^\w.@+=-]")
@@ -384,6 +394,13 @@ def op_node_entry(
     node = node_entry(module_path, call_index=call_index)
     node.update({OP: op, OP_INDEX: op_index, INPUTS: inputs, OUTPUTS: outputs})
     return node
+
+
+def source_entry(module_path: str | None, call_index: int | None, external: str | None = None) -> dict[str, Any]:
+    """One ``sources`` item of a graph node: an earlier node's identity, or ``{"external": text}``."""
+    if module_path is None or call_index is None:
+        return {SOURCE_EXTERNAL: external or ""}
+    return {MODULE_PATH: module_path, CALL_INDEX: call_index}
 
 
 def is_op_node(obj: Any) -> bool:

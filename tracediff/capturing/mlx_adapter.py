@@ -1,141 +1,17 @@
-"""The MLX adapter: every ``mlx.nn.Module`` call of a model, fed to the same recorder as torch's.
+"""The MLX adapter's former home: its names, kept importable from here (:mod:`.adapters.mlx`)."""
 
-An MLX module is called through its class's ``__call__`` (Python looks dunder methods up on the type, so
-an instance attribute would never be called). For the duration of a capture, ``MlxCallPatch`` wraps
-``__call__`` on each class the model uses (:mod:`tracediff.capturing.class_call`); the wrapper reports
-only calls of the model's own instances, under the dotted path ``named_modules()`` gives them, and passes
-every other call (another model's module, a subclass's ``super().__call__``) straight through.
-``restore()`` puts back exactly what each class had in its own ``__dict__``, after an exception too.
+from .adapters.mlx import (
+    FRAMEWORK,
+    HostArrays,
+    MlxAdapter,
+    MlxCallPatch,
+    cast_mlx,
+    check_mlx_options,
+    is_mlx_array,
+    is_mlx_module,
+    mlx_version,
+    to_mlx,
+)
 
-MLX is lazy: an array is a graph until evaluated. The wrapper evaluates every array it records
-(``mx.eval``) when the call begins (inputs) and when it returns (outputs), and hands the recorder host
-copies as CPU tensors, so that payloads, statistics and the journal are written by the same code as a
-torch capture, with the dtype kept (bfloat16 travels as its bits). An array seen again (one module's
-output is the next one's input) maps to the same host copy while it lives, so it is written once.
-
-mlx is never imported here: a model is an MLX module only if the process has imported ``mlx.nn``
-already (it made the model). Replay and op-level capture of MLX models are out of scope.
-"""
-
-from __future__ import annotations
-
-import sys
-from typing import Any
-
-import numpy as np
-import torch
-
-from ..errors import UsageError
-from ._patch import CallObserver
-from .class_call import ClassCallPatch, HostCopies, module_paths, replace_arrays
-
-FRAMEWORK = "mlx"
-
-
-def is_mlx_module(model: Any) -> bool:
-    """True when ``model`` is an ``mlx.nn.Module`` (without importing mlx)."""
-    mlx_nn = sys.modules.get("mlx.nn")
-    module_type = getattr(mlx_nn, "Module", None)
-    return isinstance(module_type, type) and isinstance(model, module_type)
-
-
-def is_mlx_array(value: Any) -> bool:
-    """True when ``value`` is an ``mlx.core.array`` (without importing mlx)."""
-    array_type = getattr(sys.modules.get("mlx.core"), "array", None)
-    return isinstance(array_type, type) and isinstance(value, array_type)
-
-
-def mlx_version() -> str | None:
-    """The version of the imported mlx, or None."""
-    core = sys.modules.get("mlx.core")
-    return getattr(core, "__version__", None)
-
-
-def check_mlx_options(**options: Any) -> None:
-    """Refuse the capture options that only a torch model supports, naming the first one set."""
-    for name, value in options.items():
-        if value not in (False, None, (), [], 0, ""):
-            raise UsageError(f"{name}={value!r} is not supported for MLX models: capture MLX without it "
-                             "(module calls, inputs and outputs are recorded)")
-
-
-class HostArrays:
-    """Evaluates MLX arrays and gives their host copies as CPU tensors, one copy per living array."""
-
-    def __init__(self) -> None:
-        core = sys.modules["mlx.core"]
-        self._mx = core
-        self._array = core.array
-        self._bfloat16 = core.bfloat16
-        self._uint16 = core.uint16
-        self._host = HostCopies(self._copy)
-
-    def convert(self, value: Any) -> Any:
-        """``value`` with every array (nested in lists, tuples and dicts too) replaced by its host tensor.
-
-        Arrays are evaluated together first. An array that cannot be evaluated (a tracer inside
-        ``mx.compile``) stays as it is and is recorded as its ``repr``.
-        """
-        arrays: list[Any] = []
-        self._collect(value, arrays)
-        if not arrays:
-            return value
-        try:
-            self._mx.eval(*arrays)
-        except Exception:  # noqa: BLE001 - recording must never break the user's forward
-            return value
-        return replace_arrays(value, self._array, self._host)
-
-    def _collect(self, value: Any, found: list[Any]) -> None:
-        if isinstance(value, self._array):
-            found.append(value)
-        elif isinstance(value, (list, tuple)):
-            for item in value:
-                self._collect(item, found)
-        elif isinstance(value, dict):
-            for item in value.values():
-                self._collect(item, found)
-
-    def _copy(self, array: Any) -> torch.Tensor:
-        if array.dtype == self._bfloat16:
-            return torch.from_numpy(np.array(array.view(self._uint16))).view(torch.bfloat16)
-        return torch.from_numpy(np.array(array))
-
-
-class MlxCallPatch(ClassCallPatch):
-    """Wraps ``__call__`` of every class an MLX ``model`` uses; undone by ``restore()``.
-
-    ``root_name`` prefixes every path (``Model.model.layers.0``); the root is reported as ``root_name``.
-    """
-
-    def __init__(self, model: Any, observer: CallObserver, *, root_name: str) -> None:
-        super().__init__(module_paths(model.named_modules(), root_name), observer, HostArrays().convert)
-
-
-def to_mlx(value: Any, like: Any = None) -> Any:
-    """A CPU tensor as an MLX array (bfloat16 by its bits), for inputs read from a file; others unchanged."""
-    if not isinstance(value, torch.Tensor):
-        return value
-    mx = sys.modules["mlx.core"]
-    tensor = value.detach().cpu().contiguous()
-    if tensor.dtype == torch.bfloat16:
-        array = mx.array(tensor.view(torch.int16).numpy()).view(mx.bfloat16)
-    else:
-        array = mx.array(tensor.numpy())
-    return array.astype(like.dtype) if like is not None and hasattr(like, "dtype") else array
-
-
-def cast_mlx(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any], dtype: str) -> tuple[Any, ...]:
-    """The model and its floating inputs cast to ``dtype`` (``"bfloat16"``...), as ``--dtype`` does for torch."""
-    mx = sys.modules["mlx.core"]
-    target = getattr(mx, dtype, None)
-    if target is None:
-        raise UsageError(f"dtype {dtype!r}: MLX has no such dtype")
-    model.set_dtype(target)
-
-    def cast(value: Any) -> Any:
-        if isinstance(value, mx.array) and mx.issubdtype(value.dtype, mx.floating):
-            return value.astype(target)
-        return value
-
-    return model, tuple(cast(a) for a in args), {k: cast(v) for k, v in kwargs.items()}
+__all__ = ["FRAMEWORK", "HostArrays", "MlxAdapter", "MlxCallPatch", "cast_mlx", "check_mlx_options", "is_mlx_array",
+           "is_mlx_module", "mlx_version", "to_mlx"]

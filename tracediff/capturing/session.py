@@ -21,10 +21,11 @@ tools can read, with what the standard trace loses put back:
   options, and whether the trace is complete.
 
 An ``mlx.nn.Module`` or a ``flax.nnx.Module`` is captured the same way, into
-the same trace (the metadata's ``framework`` says which): see
-docs/frameworks.md, ``tracediff/capturing/mlx_adapter.py`` and
-``jax_adapter.py``; op-level capture, backward, ``verify`` and the
-``generate`` options are for torch models only.
+the same trace (the metadata's ``framework`` says which), and so is any
+runtime registered with ``register_adapter``: the capture chooses one adapter
+(:mod:`tracediff.capturing.adapters`) for the model and asks it alone what the
+model supports. See docs/frameworks.md; op-level capture, backward, ``verify``
+and the ``generate`` options are for torch models only.
 
 The model's outputs and autograd are untouched. If the forward raises, the
 trace recorded so far is written, marked incomplete with the module that
@@ -41,7 +42,7 @@ import random
 import sys
 import warnings
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Hashable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,25 +56,22 @@ from .._version import __version__
 from ..display import short_repr, summary_html
 from ..errors import TracediffError, UsageError
 from ..files.atomic import ensure_writable_dir, write_json, write_json_pair
-from ._patch import ForwardPatch
+from ._patch import CallObserver
 from ._tree import prune_intermediate_layers, trace_file_names
+from .adapters import Adapter, adapter_for, check_options
+from .adapters.base import ADAPTER_METADATA
 from .backward import BackwardRecorder
 from .compat import sanitize_repr
 from .decode_steps import StepTracker, check_other_steps, parse_steps
 from .distributed import current_rank, run_start, versioned_collectives, world_size
 from .encode import Encoder, TensorMode
-from .jax_adapter import FRAMEWORK as JAX_FRAMEWORK
-from .jax_adapter import NnxCallPatch, is_nnx_module, jax_version, nnx_modules
+from .graph import GraphNodes
 from .journal import Journal, claim_folder, held_claim
 from .kv_cache import with_cache_layer
-from .mlx_adapter import FRAMEWORK as MLX_FRAMEWORK
-from .mlx_adapter import MlxCallPatch, check_mlx_options, is_mlx_module, mlx_version
 from .ops import op_capture, select_ops
 from .parallel_layouts import mark, model_mesh, style_layouts
 from .pipeline import DEFAULT_POOL_MB, check_pipeline_options, close_pipeline, payload_pipeline
 from .signals import termination_as_interrupt
-from .signatures import forward_parameters
-from .stats import numpy_stats
 from .tokens import check_forcing_model, forcing_option, read_reference_tokens
 from .verify import Verification, compare_outputs
 
@@ -131,6 +129,23 @@ class _NativeRecorder:
         self.steps: StepTracker | None = None  # the decode step of each top-level call made by generate
         # id(module) -> the placements its TP style implies for args[0] and the output (parallel_layouts.py)
         self.styles: dict[int, tuple[str | None, str | None, str]] = {}
+        self.observer: CallObserver = self  # what module calls are reported to (op-level capture wraps it)
+        self.graph = GraphNodes(self)  # what a graph runtime's nodes are written through (graph.py)
+
+    # --- a graph runtime's nodes (graph.py: the GraphNodeSink an adapter is handed) ------------------------------
+
+    def begin_step(self) -> None:
+        self.graph.begin_step()
+
+    def end_step(self) -> None:
+        self.graph.end_step()
+
+    def record_node(self, *, key: Hashable, name: str, op: str, scope: str | None, output: Any,
+                    sources: Sequence[Hashable] = (), attributes: Mapping[str, Any] | None = None) -> None:
+        self.graph.record_node(key=key, name=name, op=op, scope=scope, output=output, sources=sources,
+                               attributes=attributes)
+
+    # --- module calls (the CallObserver of _patch.py) ------------------------------------------------------------
 
     def enter(self, module: nn.Module, path: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         call_index = self.counts[path]
@@ -340,9 +355,10 @@ def capture(
         A ``CaptureSession``, complete once the block exits.
 
     Raises:
-        UsageError: an option a torch model only supports, given with an MLX
-            model (``ops``, ``backward``, ``verify``, ``steps``,
-            ``teacher_forcing``, ``full_dtensor``), or a model of no known kind.
+        UsageError: an option the model's runtime does not support (MLX and
+            Flax NNX models: ``ops``, ``backward``, ``verify``, ``steps``,
+            ``teacher_forcing``, ``full_dtensor``; the message names the
+            runtime), or a model no adapter recognises.
         OutputDirError: ``out_dir`` is a file, not writable, or holds a trace;
             or writing a payload failed mid-capture (the trace written so far
             is kept and marked incomplete).
@@ -352,13 +368,10 @@ def capture(
     """
     if tensors not in _TENSOR_MODES:
         raise UsageError(f"tensors={tensors!r}: expected one of {', '.join(_TENSOR_MODES)}")
-    mlx, nnx = is_mlx_module(model), is_nnx_module(model)
-    if mlx or nnx:
-        check_mlx_options(verify=verify, backward=backward, ops=ops, ops_exclude=ops_exclude, ops_in=ops_in,
-                          full_dtensor=full_dtensor, steps=steps, teacher_forcing=teacher_forcing)
-    elif not isinstance(model, nn.Module):
-        raise UsageError(f"model: expected a torch.nn.Module, an mlx.nn.Module or a flax.nnx.Module, got "
-                         f"{type(model).__name__}")
+    adapter = adapter_for(model)  # the one place the model's runtime is decided
+    check_options(adapter, {"verify": verify, "backward": backward, "ops": ops, "ops_exclude": ops_exclude,
+                            "ops_in": ops_in, "full_dtensor": full_dtensor, "steps": steps,
+                            "teacher_forcing": teacher_forcing})
     check_pipeline_options(writers, pool_mb)
     selected_steps = parse_steps(steps)
     check_other_steps(other_steps)
@@ -383,12 +396,12 @@ def capture(
             raise
     session = CaptureSession(trace_dir=folder, recording=recording)
     if not recording:
-        yield from _pass_through(model, session, gather=full_dtensor and world > 1, verify=verify)
+        yield from _pass_through(model, adapter, session, gather=full_dtensor and world > 1, verify=verify)
         return
 
     pipeline = payload_pipeline(tensors, writers, pool_mb)
     encoder = Encoder(folder, tensors, full_dtensor=full_dtensor, pipeline=pipeline,
-                      measure=numpy_stats if mlx or nnx else None)
+                      measure=adapter.measure())
     bar = _progress_bar(progress)
     recorder = _NativeRecorder(model, encoder, bar)
     started = _dt.datetime.now(_dt.timezone.utc)
@@ -402,10 +415,7 @@ def capture(
     recorder.steps = StepTracker(model, encoder, selected_steps, fail=recorder.stopped, forcing=forcing,
                                  others=other_steps)
     op_recorder = op_capture(recorder, op_selection)
-    patch: ForwardPatch | MlxCallPatch | NnxCallPatch = (
-        MlxCallPatch(model, recorder, root_name=recorder.model_name) if mlx
-        else NnxCallPatch(model, recorder, root_name=recorder.model_name) if nnx
-        else ForwardPatch(model, op_recorder or recorder, root_name=recorder.model_name))
+    recorder.observer = op_recorder or recorder
     recorder.backward = BackwardRecorder(model, recorder.model_name, recorder._encode, recorder.counts,
                                          on_recorded=recorder.backward_recorded) if backward else None
     options = {"tensors": tensors, "prune_layers": prune_layers, "verify": verify, "ranks": ranks,
@@ -413,6 +423,7 @@ def capture(
                "ops": op_recorder.selection.to_dict() if op_recorder else None,
                "payload_pipeline": pipeline.options if pipeline is not None else None,
                fmt.TEACHER_FORCING_OPTION: forcing_option(forcing)}
+    patch = adapter.install(model, recorder, options)
     raised = False
     quiet = warnings.catch_warnings()
     if backward:
@@ -435,6 +446,7 @@ def capture(
             op_recorder.stop()
             session.ops = op_recorder.recorded
         patch.restore()
+        recorder.graph.finish()
         recorder.steps.restore()
         options[fmt.STEPS_OPTION] = recorder.steps.options
         if backward:
@@ -446,7 +458,7 @@ def capture(
         if verify and not raised and recorder.root_call is not None and recorder.failure is None:
             session.verification = _verify(model, recorder.root_call)
         try:
-            _finish(session, recorder, model, options, started, rank, world, run)
+            _finish(session, recorder, model, adapter, options, started, rank, world, run)
         finally:
             written = recorder.tree is None or (folder / fmt.trace_file_names(recorder.model_name)[0]).is_file()
             recorder.journal.close() if not written else recorder.journal.remove()  # kept when no trace JSON
@@ -483,7 +495,7 @@ def _sharded_run(model: nn.Module, out: Path, started: str, rank: int, world: in
 
 
 def _pass_through(
-    model: nn.Module, session: CaptureSession, *, gather: bool, verify: bool
+    model: nn.Module, adapter: Adapter, session: CaptureSession, *, gather: bool, verify: bool
 ) -> Iterator[CaptureSession]:
     """On a rank that does not record, take part in the collectives of the recording ranks.
 
@@ -495,7 +507,7 @@ def _pass_through(
         yield session
         return
     recorder = _NativeRecorder(model, Encoder(session.trace_dir, "summary", full_dtensor=gather), None)
-    patch = ForwardPatch(model, recorder, root_name=recorder.model_name)
+    patch = adapter.install(model, recorder, {})
     raised = False
     try:
         yield session
@@ -537,10 +549,20 @@ def _imported_version(package: str) -> str | None:
     return getattr(module, "__version__", None) if module is not None else None
 
 
+def _adapter_metadata(adapter: Adapter, model: Any) -> dict[str, Any]:
+    """What the adapter adds to the metadata (``forward_parameters``, ...); a key it may not set is an error."""
+    extra = adapter.metadata(model)
+    unknown = sorted(set(extra) - ADAPTER_METADATA)
+    if unknown:
+        raise TracediffError(f"adapter {adapter.framework}: metadata keys {', '.join(unknown)} are not its to set")
+    return extra
+
+
 def _finish(
     session: CaptureSession,
     recorder: _NativeRecorder,
     model: nn.Module,
+    adapter: Adapter,
     options: dict[str, Any],
     started: _dt.datetime,
     rank: int,
@@ -558,14 +580,10 @@ def _finish(
     session.complete = (
         recorder.tree is not None and recorder.escaped_error is None and recorder.failure is None and not open_calls
     )
-    mlx, nnx = is_mlx_module(model), is_nnx_module(model)
-    framework, version = (MLX_FRAMEWORK, mlx_version()) if mlx else (JAX_FRAMEWORK, jax_version()) if nnx \
-        else (fmt.TORCH_FRAMEWORK, torch.__version__)
-    modules = [module for _, module in nnx_modules(model)] if nnx else model.modules()
     metadata = fmt.metadata_entry({
         "tracediff_version": __version__,
-        fmt.FRAMEWORK: framework,
-        fmt.FRAMEWORK_VERSION: version,
+        fmt.FRAMEWORK: adapter.framework,
+        fmt.FRAMEWORK_VERSION: adapter.version(),
         "torch_version": torch.__version__,
         "python_version": platform.python_version(),
         "transformers_version": _imported_version("transformers"),
@@ -584,7 +602,7 @@ def _finish(
         "payload_files": encoder.files,
         "payload_bytes": encoder.payload_bytes,
         "verification": session.verification.to_dict() if session.verification is not None else None,
-        "forward_parameters": forward_parameters(modules, method="__call__" if mlx or nnx else "forward"),
+        **_adapter_metadata(adapter, model),
         **({"mesh": run.mesh, "run_started": run.started} if run.mesh is not None else {}),  # multi-rank only
     })
     session.metadata = metadata
