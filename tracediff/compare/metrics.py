@@ -59,7 +59,7 @@ import numpy as np
 
 from ..order import chunk_size
 from ..trace.payload import Payload, as_floats, payload_of
-from .row_pass import PearsonSums, PositionTracker, RowExtras
+from .row_pass import PearsonMoments, PositionTracker, RowExtras
 from .rule import passes
 from .scaled import ScaledSum, exponent_of, safe_ldexp, scale_down, scaled_sums, sums_are_safe
 
@@ -165,7 +165,7 @@ def _measure(a: Any, b: Any, atol: float, rtol: float, along: int | None, extras
     if _probably_equal(a, b) and bitwise_equal(a, b):
         positions = tracker.result() if tracker is not None else None
         return identical_metrics(n), RowExtras(1.0 if n else math.nan, positions)
-    pearson = PearsonSums() if extras else None
+    pearson = PearsonMoments() if extras else None
     acc = _accumulate(a, b, _Accumulator(atol, rtol, pearson, tracker))
     found = RowExtras(pearson.pcc() if pearson is not None else None, tracker.result() if tracker is not None else None)
     return acc.result(n), found
@@ -194,9 +194,9 @@ class _Scratch:
     """
 
     def __init__(self, work: type[np.floating[Any]]) -> None:
-        self.wide_a, self.wide_b, self.signed, self.diff, self.absa, self.excess = (
-            np.empty(CHUNK, work) for _ in range(6))
+        self.wide_a, self.wide_b, self.diff, self.absa, self.excess = (np.empty(CHUNK, work) for _ in range(5))
         self.mask, self.mask2 = np.empty(CHUNK, np.bool_), np.empty(CHUNK, np.bool_)
+        self.moment_a, self.moment_b = np.empty(CHUNK, _F64), np.empty(CHUNK, _F64)  # pcc's centred copies
 
 
 _local = threading.local()
@@ -227,7 +227,7 @@ def _probably_equal(a: Payload, b: Payload) -> bool:
 
 
 class _Accumulator:
-    def __init__(self, atol: float, rtol: float, pearson: PearsonSums | None = None,
+    def __init__(self, atol: float, rtol: float, pearson: PearsonMoments | None = None,
                  tracker: PositionTracker | None = None) -> None:
         self.atol, self.rtol = atol, rtol
         self.pearson, self.tracker = pearson, tracker
@@ -245,12 +245,11 @@ class _Accumulator:
         if not a.size:
             return
         scratch = _scratch(a.dtype.type)
-        signed = np.subtract(a, b, out=scratch.signed[:a.size])  # kept signed for pcc
-        absdiff = np.abs(signed, out=scratch.diff[:a.size])
+        absdiff = np.abs(np.subtract(a, b, out=scratch.diff[:a.size]), out=scratch.diff[:a.size])
         where = int(np.argmax(absdiff))  # the first NaN, if any: NaN sends the chunk to the float64 path
         worst = float(absdiff[where])
         if math.isfinite(worst):
-            self._add_finite(a, b, absdiff, worst, where, signed, start)
+            self._add_finite(a, b, absdiff, worst, where, start)
             return
         if self.tracker is not None:  # positions of the whole chunk, non-finite elements included
             self.tracker.add_rule(start, a, b, self.atol, self.rtol)
@@ -264,20 +263,19 @@ class _Accumulator:
         self.mismatched += int(np.count_nonzero(~both & ~same_nonfinite))
         if bool(both.any()):
             fa, fb = a[both], b[both]
-            sd = fa - fb
-            ad = np.abs(sd)
+            ad = np.abs(fa - fb)
             where = int(np.argmax(ad))
-            self._add_finite(fa, fb, ad, float(ad[where]), where, sd, None)
+            self._add_finite(fa, fb, ad, float(ad[where]), where, None)
 
     def _add_finite(self, a: np.ndarray, b: np.ndarray, absdiff: np.ndarray, worst: float, where: int,
-                    signed: np.ndarray, start: int | None) -> None:
+                    start: int | None) -> None:
         """Add finite elements; ``start``: where they begin in the tensor (None: a selection, positions done)."""
         self.finite += a.size
         scratch = _scratch(a.dtype.type)
         sums = [float(np.sum(absdiff)), float(np.dot(absdiff, absdiff)), float(np.dot(a, b)), float(np.dot(a, a)),
                 float(np.dot(b, b))]
-        if self.pearson is not None:  # (the work arrays are free until the mismatch count below)
-            self.pearson.add(a, signed, sums[3], sums[1], scratch.absa, scratch.excess)
+        if self.pearson is not None:
+            self.pearson.add(a, b, scratch.moment_a, scratch.moment_b)
         if sums_are_safe([sums[1], sums[3], sums[4]], a.size, a.dtype):
             scaled = tuple((value, 0) for value in sums)
         else:  # a square under- or overflowed (a zero may be an underflow): redo on scaled float64 values
