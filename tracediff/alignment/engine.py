@@ -293,7 +293,7 @@ def _align(a: TraceLike, b: TraceLike, group: Group | None, *, atol: Tolerance, 
     with _workers(2 * sum(_record_bytes(ra) for _, ra, _, _ in jobs if ra.has_payload) if trace_n is not None
                   else 0) as run:
         verdicts = judge(drafts, jobs, trace_a, baseline=trace_n, noise_factor=float(noise_factor),
-                         ignore=ignore_rules, run=run)
+                         ignore=ignore_rules, run=run, sharded=sharded)
     set_steps(drafts, trace_b)
     again = reread_jobs(drafts, jobs, measurements, logits_patterns, sliced)
     with _workers(_pair_bytes(again)) as run:  # only what the comparison could not annotate is read again
