@@ -32,7 +32,8 @@ def fused_llama() -> nn.Module:
     return model
 
 
-def llama_port(reference: nn.Module, attn: str, *, kv_swapped_in: int | None = None) -> nn.Module:
+def llama_port(reference: nn.Module, attn: str, *, kv_swapped_in: int | None = None, use_cache: bool = False
+               ) -> nn.Module:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     state = fused_llama_to_hf(reference.state_dict(), heads=4, groups=2, dim=32)
@@ -41,7 +42,7 @@ def llama_port(reference: nn.Module, attn: str, *, kv_swapped_in: int | None = N
         state[k], state[v] = state[v].clone(), state[k].clone()
     config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5, rope_theta=10000.0,
-                         max_position_embeddings=16, tie_word_embeddings=False, use_cache=False,
+                         max_position_embeddings=16, tie_word_embeddings=False, use_cache=use_cache,
                          attn_implementation=attn)
     model = LlamaForCausalLM(config).eval()
     model.load_state_dict(state, strict=False)

@@ -23,6 +23,7 @@ from .layout import fitted, inputs_in_b_layout, layouts_differ, output_partners
 from .oracle import NOISE_MULTIPLIER, float64_ops, judge
 from .result import B_DIFFERS, NOT_COMPARABLE, OUT_OF_TOLERANCE, SAME_MATH, WITHIN_TOLERANCE, ReplayedTensor
 from .shadow import seed_rng
+from .states import fresh_states, holds_state
 
 
 @dataclass
@@ -65,6 +66,7 @@ class CallSetup:
 
 def _run(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], seed: int,
          patch: Callable[[], Any] | None) -> Any:
+    args, kwargs = fresh_states(args), fresh_states(kwargs)  # each run its own copy of a KV cache
     with torch.no_grad(), (patch() if patch is not None else nullcontext()):
         seed_rng(seed)
         return module(*args, **kwargs)
@@ -99,7 +101,8 @@ def replay_call(setup: CallSetup, *, oracle: bool, patch: Callable[[], Any] | No
     try:
         output = _run(setup.module, args, kwargs, setup.seed, patch)
     except Exception as e:  # noqa: BLE001 - the port's code failed on A's inputs: a finding, not a crash
-        if setup.node_b is None or setup.b_inputs is None or not layouts_differ(setup.node_a, setup.node_b):
+        if setup.node_b is None or setup.b_inputs is None or \
+                not (layouts_differ(setup.node_a, setup.node_b) or holds_state(setup.b_inputs)):
             reason = f"B's module raised {_describe_error(e)} on A's inputs"
             return CallOutcome([], NOT_COMPARABLE, reason, time.perf_counter() - started)
         in_b_layout = True
@@ -183,8 +186,11 @@ def _under_a_slots(produced: dict[str, torch.Tensor], out_slots: dict[str, str] 
 
 
 def _moved(value: Any, target: Target) -> Any:
-    """``value`` with every tensor on ``target``'s device, floating ones in its dtype."""
-    return substitute(value, lambda _slot, t: cast(t, target.dtype if t.is_floating_point() else None, target.device))
+    """``value`` with every tensor on ``target``'s device, floating ones in its dtype (those a stateful argument
+    holds too, in a fresh copy of it)."""
+    moved = substitute(value, lambda _slot, t: cast(t, target.dtype if t.is_floating_point() else None,
+                                                     target.device))
+    return fresh_states(moved, target.dtype, target.device)
 
 
 def inputs_not_equivalent(setup: CallSetup) -> str:

@@ -27,6 +27,7 @@ from ..capturing.stats import tensor_stats
 from ..trace.load import Trace
 from ..trace.model import Node, TensorRecord
 from .inputs import output_slots
+from .states import shared_objects, snapshot_states
 
 _PLAIN = (type(None), bool, int, float, str)
 
@@ -89,6 +90,8 @@ def _recording(model: nn.Module, root_name: str, run: ShadowRun) -> Iterator[lis
     stack: list[Node] = []
     counts: defaultdict[str, int] = defaultdict(int)
     order = [0]
+    seen: dict[int, Any] = {}  # a stateful argument (a KV cache) -> its snapshot, taken when first passed
+    shared = shared_objects(model)
 
     def pre(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         relative = paths.get(id(module), "?")
@@ -100,7 +103,8 @@ def _recording(model: nn.Module, root_name: str, run: ShadowRun) -> Iterator[lis
         dtypes: dict[str, torch.dtype] = {}
         _describe_inputs(node, args, kwargs, order, dtypes)
         run.slot_dtypes[(relative, call_index)] = dtypes
-        run.inputs[(relative, call_index)] = (args, dict(kwargs))
+        run.inputs[(relative, call_index)] = (snapshot_states(args, seen, shared),
+                                              snapshot_states(dict(kwargs), seen, shared))
         (stack[-1].children if stack else roots).append(node)
         stack.append(node)
 
