@@ -45,6 +45,7 @@ from ..compare.records import compare_records
 from ..compare.tolerance import Tolerance, TolerancePolicy
 from ..errors import UsageError
 from ..maps.rules import _UNSET, MapSpec, map_argument, read_map
+from ..order import reordered, worker_threads
 from ..trace.load import Trace, load_trace
 from ..trace.model import Node, TensorRecord
 from ..trace.ranks import is_multi_rank
@@ -368,8 +369,8 @@ def _workers(payload_bytes: int) -> Iterator[Callable[..., list[Any]]]:
     only slow down: the demo's 0.8 MB pair aligned in 0.05 s on one thread and
     0.1 s on two.
     """
-    cores = min(os.cpu_count() or 1, 8)
-    if cores < 2 or payload_bytes < _THREADED_BYTES:
+    cores = worker_threads(min(os.cpu_count() or 1, 8))
+    if cores < 2 or (payload_bytes < _THREADED_BYTES and not reordered()):  # TRACEDIFF_REORDER: always a pool
         yield lambda fn, items: [fn(i) for i in items]
         return
     from concurrent.futures import ThreadPoolExecutor  # imported for traces this large only: a small one waits for it
