@@ -61,12 +61,15 @@ _LAZY = {
     "StepSummary": "steps",
     "replay": "replaying",
     "Replay": "replaying",
+    "attribute": "attribution",
+    "Attribution": "attribution",
     "import_dump": "importers",
     "ImportResult": "importers",
 }
 
 if TYPE_CHECKING:
     from .alignment import Alignment, ArgumentDiff, TensorComparison, Unmatched, align, assert_traces_close
+    from .attribution import Attribution, attribute
     from .capturing import CaptureSession, Verification, capture, model_addition_debugger_context
     from .importers import ImportResult, import_dump
     from .replaying import Replay, replay
