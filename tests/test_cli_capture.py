@@ -11,6 +11,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
+from tracediff.capturing.adapters import known_models
 from tracediff.cli import commands
 from tracediff.cli.main import main
 
@@ -186,7 +187,7 @@ def test_inputs_file_problems(script: Path, tmp_path: Path, capsys: pytest.Captu
     ("nothere", "{script}:nothere: {script} has no function 'nothere'"),
     ("returns_int", "{script}:returns_int: returns_int() must return (model, inputs), got int"),
     ("returns_string_model", "{script}:returns_string_model: the model returned by returns_string_model() "
-                             "is a str, not a torch.nn.Module or an mlx.nn.Module"),
+                             f"is a str, not a {known_models()} model"),
     ("returns_list_inputs", "{script}:returns_list_inputs: inputs must be a tensor, a tuple of positional "
                             "arguments or a dict of keyword arguments, got list"),
     ("raises", "{script}:raises: calling raises() raised RuntimeError: no weights here"),

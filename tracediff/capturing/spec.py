@@ -24,16 +24,15 @@ from pathlib import Path
 from typing import Any, Literal, cast
 
 import torch
-from torch import nn
 
 from ..errors import CaptureSpecError, InputsFileError, OutputDirError, UsageError
 from ..files.atomic import check_out_dir, ensure_writable_dir
 from ..files.confine import check_regular_file
 from ..files.payloads import read_tensor_file
-from .conditions import parse_device, parse_dtype, to_conditions
+from .adapters import Adapter, array_adapter, find_adapter, known_models
+from .conditions import parse_device, parse_dtype
 from .decode_steps import check_other_steps, parse_steps
 from .journal import claim_folder
-from .mlx_adapter import cast_mlx, is_mlx_array, is_mlx_module, to_mlx
 from .pipeline import DEFAULT_POOL_MB
 from .session import CaptureSession, capture
 from .tokens import check_forcing_model, check_forcing_prompt, prompt_ids, read_reference_tokens
@@ -59,16 +58,23 @@ def call_spec(spec: str) -> tuple[Any, str]:
         raise CaptureSpecError(f"{spec}: calling {func_name}() raised {_describe(e)}") from e
 
 
-def load_spec(spec: str) -> tuple[nn.Module, Inputs]:
+def load_spec(spec: str) -> tuple[Any, Inputs]:
     """Import the SPEC's function, call it, and return ``(model, (args, kwargs))``."""
+    model, _, inputs = _load_spec(spec)
+    return model, inputs
+
+
+def _load_spec(spec: str) -> tuple[Any, Adapter, Inputs]:
+    """``load_spec``, with the adapter of the model's runtime, chosen here once."""
     result, func_name = call_spec(spec)
     if not (isinstance(result, tuple) and len(result) == 2):
         raise CaptureSpecError(f"{spec}: {func_name}() must return (model, inputs), got {type(result).__name__}")
     model, inputs = result
-    if not isinstance(model, nn.Module) and not is_mlx_module(model):
+    adapter = find_adapter(model)
+    if adapter is None:
         raise CaptureSpecError(f"{spec}: the model returned by {func_name}() is a {type(model).__name__}, "
-                               "not a torch.nn.Module or an mlx.nn.Module")
-    return model, _split_inputs(spec, inputs)
+                               f"not a {known_models()} model")
+    return model, adapter, _split_inputs(spec, inputs, adapter)
 
 
 def _first_line(e: BaseException) -> str:
@@ -120,8 +126,8 @@ def _on_sys_path(folder: str) -> Iterator[None]:
             sys.path.remove(folder)
 
 
-def _split_inputs(spec: str, inputs: Any) -> Inputs:
-    if isinstance(inputs, torch.Tensor) or is_mlx_array(inputs):
+def _split_inputs(spec: str, inputs: Any, adapter: Adapter) -> Inputs:
+    if isinstance(inputs, torch.Tensor) or adapter.is_array(inputs):
         return (inputs,), {}
     if isinstance(inputs, tuple):
         return inputs, {}
@@ -132,20 +138,20 @@ def _split_inputs(spec: str, inputs: Any) -> Inputs:
 
 
 def _tensor_slots(inputs: Inputs) -> dict[str, torch.Tensor]:
-    """The tensors of ``inputs`` by slot; an MLX array as its host copy (a CPU tensor)."""
+    """The tensors of ``inputs`` by slot; another runtime's array (MLX, JAX) as its host copy (a CPU tensor)."""
     args, kwargs = inputs
     slots = {f"args.{i}": v for i, v in enumerate(args)}
     slots.update({f"kwargs.{k}": v for k, v in kwargs.items()})
-    return {key: _as_tensor(value) for key, value in slots.items()
-            if isinstance(value, torch.Tensor) or is_mlx_array(value)}
+    found = {key: _as_tensor(value) for key, value in slots.items()}
+    return {key: tensor for key, tensor in found.items() if tensor is not None}
 
 
-def _as_tensor(value: Any) -> torch.Tensor:
+def _as_tensor(value: Any) -> torch.Tensor | None:
+    """A tensor as it is, a runtime's array as its host copy, anything else None."""
     if isinstance(value, torch.Tensor):
         return value
-    from .mlx_adapter import HostArrays
-
-    return cast(torch.Tensor, HostArrays().convert(value))
+    adapter = array_adapter(value)
+    return None if adapter is None else cast(torch.Tensor, adapter.host(value))
 
 
 def save_inputs(path: str | Path, inputs: Inputs) -> None:
@@ -195,8 +201,9 @@ def load_inputs(path: str | Path, example: Inputs, *, inputs_map: Mapping[str, s
         loaded: Any = read_tensor_file(path, source[key]).to(original.device).clone()
         kind, _, name = key.partition(".")
         example_value = example[0][int(name)] if kind == "args" else example[1][name]
-        if is_mlx_array(example_value):  # an MLX model's input: an array of the example's dtype
-            loaded = to_mlx(loaded, like=example_value)
+        runtime = array_adapter(example_value)
+        if runtime is not None:  # another runtime's input (MLX, JAX): an array of the example's dtype
+            loaded = runtime.from_host(loaded, like=example_value)
         if kind == "args":
             args[int(name)] = loaded
         else:
@@ -315,21 +322,14 @@ def capture_spec(
     # Taken now, held until the capture ends: a second capture into the folder meanwhile is refused.
     claim = claim_folder(Path(out_dir), overwrite=overwrite) if not every_rank else None
     try:
-        model, example = load_spec(spec)
+        model, adapter, example = _load_spec(spec)
         if generate and not callable(getattr(model, "generate", None)):
             raise CaptureSpecError(f"{spec}: the model ({type(model).__name__}) has no generate method")
         args, kwargs = (load_inputs(inputs, example, inputs_map=inputs_map, on_note=on_note)
                         if inputs is not None else example)
         if save_inputs_to is not None:
             save_inputs(save_inputs_to, (args, kwargs))
-        if is_mlx_module(model):
-            if device is not None:
-                raise UsageError("device: an MLX model runs on MLX's default device; set it with "
-                                 "mx.set_default_device in the SPEC's function")
-            if dtype is not None:
-                model, args, kwargs = cast_mlx(model, args, kwargs, str(dtype).removeprefix("torch."))
-        else:
-            model, args, kwargs = to_conditions(model, args, kwargs, dtype=dtype, device=device)
+        model, args, kwargs = adapter.prepare(model, args, kwargs, dtype=dtype, device=device)
         if forcing is not None:
             check_forcing_model(forcing, model)
             check_forcing_prompt(forcing, prompt_ids(args, kwargs))

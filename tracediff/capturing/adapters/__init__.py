@@ -28,7 +28,8 @@ from ...errors import UsageError
 from .base import GATED_OPTIONS, Adapter, AdapterBase, Installed, Recorder, check_options
 
 __all__ = ["Adapter", "AdapterBase", "Installed", "Recorder", "GATED_OPTIONS", "adapter_for", "adapter_for_path",
-           "adapters", "check_options", "find_adapter", "known_models", "register_adapter", "unregister_adapter"]
+           "adapters", "array_adapter", "check_options", "find_adapter", "known_models", "register_adapter",
+           "unregister_adapter"]
 
 _REQUIRED = ("framework", "models", "supported_options", "recognises", "version", "install", "host", "metadata",
              "measure", "is_array", "from_host", "prepare", "opens", "load", "run_inputs")
@@ -81,6 +82,11 @@ def adapter_for(model: Any) -> Adapter:
     if found is None:
         raise UsageError(f"model: expected a {known_models()} model, got {type(model).__name__}")
     return found
+
+
+def array_adapter(value: Any) -> Adapter | None:
+    """The adapter of the runtime ``value`` is an array of (a torch tensor, an MLX or JAX input), or None."""
+    return next((adapter for adapter in adapters() if adapter.is_array(value)), None)
 
 
 def find_adapter(model: Any) -> Adapter | None:
