@@ -179,6 +179,21 @@ def test_a_payload_whose_dtype_differs_from_the_trace_is_said_in_the_row(b: Path
                for row in result.rows)
 
 
+def test_a_payload_whose_shape_differs_from_the_trace_is_said_in_the_row(b: Path, small_trace: Path) -> None:
+    """A replaced payload of the same values with one more dim of size 1: still compared (the values line up
+    with A's), never silently: the row says what the payload holds."""
+    from tracediff.files.payloads import write_tensor_file
+
+    entry = _payload_entries(json.loads(tree_file(b).read_text()))[0]
+    trace = tracediff.load_trace(b)
+    tensor = trace.load(next(r for _, r in trace.records() if r.payload == entry["value"]))
+    write_tensor_file(b / entry["value"], tensor.unsqueeze(0).clone())
+    result = tracediff.align(small_trace, b)
+    shape = list(tensor.shape)
+    assert any(f"B's payload holds shape {[1, *shape]} but the trace says {shape}" in row.reason
+               for row in result.rows)
+
+
 def test_memory_error_while_mapping_a_payload_is_an_unreadable_row(tmp_path: Path, small_trace: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     from tests.safety.helpers import capture_small

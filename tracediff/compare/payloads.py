@@ -46,7 +46,7 @@ def compare_payloads(
         return measured(_compare_exact(masked_a, masked_b), approximate=False, note=masks.note)
     if a.shape != b.shape and not squeezable(a.shape, b.shape):
         return unmeasured("shape_mismatch", False, f"shape differs: {list(a.shape)} vs {list(b.shape)}")
-    stored = [_stored_dtype_note(side, r, t) for side, r, t in (("A", ra, a), ("B", rb, b))]
+    stored = [_stored_note(side, r, t) for side, r, t in (("A", ra, a), ("B", rb, b))]
     # the row's annotations come from this pass when the values are the payloads' own (else they are read again)
     plain = a.shape == b.shape and not (is_complex(a.dtype) or is_complex(b.dtype))
     recorded = (ra.stats.get("min"), ra.stats.get("max"))  # (5 digits in a standard trace: far enough)
@@ -102,8 +102,12 @@ def _mask_difference(metrics: PairMetrics, only_a: int, only_b: int) -> PairMetr
                    required_rtol=math.inf, mismatch_fraction=mismatched / metrics.numel if metrics.numel else 0.0)
 
 
-def _stored_dtype_note(side: str, record: TensorRecord, payload: Payload) -> str:
-    """Said in the row when a payload holds another dtype than its trace JSON states (a payload was replaced)."""
-    if record.dtype is None or record.dtype.removeprefix("torch.") == payload.dtype:
-        return ""
-    return f"{side}'s payload holds torch.{payload.dtype} but the trace says {record.dtype}"
+def _stored_note(side: str, record: TensorRecord, payload: Payload) -> str:
+    """Said in the row when a payload holds another dtype or shape than its trace JSON states (a payload was
+    replaced): the values compared are the payload's."""
+    notes = []
+    if record.dtype is not None and record.dtype.removeprefix("torch.") != payload.dtype:
+        notes.append(f"{side}'s payload holds torch.{payload.dtype} but the trace says {record.dtype}")
+    if record.shape is not None and record.shape != payload.shape:
+        notes.append(f"{side}'s payload holds shape {list(payload.shape)} but the trace says {list(record.shape)}")
+    return "; ".join(notes)
