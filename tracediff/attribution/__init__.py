@@ -11,5 +11,7 @@ one evaluation per layer. See :mod:`.engine` for a tour and
 from .engine import attribute
 from .final import FinalError
 from .result import AttributedCall, Attribution, BudgetStep, SkippedUnit
+from .scan import ScanResult, sensitivity_scan
 
-__all__ = ["attribute", "Attribution", "AttributedCall", "BudgetStep", "SkippedUnit", "FinalError"]
+__all__ = ["attribute", "Attribution", "AttributedCall", "BudgetStep", "SkippedUnit", "FinalError", "sensitivity_scan",
+           "ScanResult"]
