@@ -281,12 +281,18 @@ METADATA_KEYS = (
     FORMAT_VERSION_KEY, PRODUCER_KEY, FRAMEWORK, FRAMEWORK_VERSION,
     "torch_version", "python_version", "transformers_version", "model_class",
     "model_name", "devices", "dtypes", "world_size", "rank", "created", "options", COMPLETE_KEY, ERROR,
-    "capture_failure", "calls", "payload_files", "payload_bytes", "verification", "forward_parameters",
+    "capture_failure", "calls", "payload_files", "payload_bytes", "verification", "forward_parameters", "compile",
     "mesh", "run_started", "runtime",
 )
 #: Facts a runtime's adapter records about the model (a JSON object of its own: a gguf file's name, ...).
 RUNTIME = "runtime"
 FORWARD_PARAMETERS = "forward_parameters"
+#: How the model ran compiled (``torch.compile``): its compiled ``regions``, how their values were ``recording``
+#: taken, and what Dynamo compiled ``during_capture`` (docs/compiled.md). Absent when nothing ran compiled.
+COMPILE = "compile"
+COMPILE_REGIONS = "regions"
+COMPILE_RECORDING = "recording"
+COMPILE_DURING = "during_capture"
 
 _UNSAFE_FILE_CHARS = re.compile(r"[^\w.@+=-]")
 _PLAIN_SCALARS = (type(None), bool, int, float, str)

@@ -207,7 +207,7 @@ def test_metadata_records_versions_model_devices_dtypes_and_options(tmp_path: Pa
     assert (meta["world_size"], meta["rank"]) == (1, 0)
     assert meta["options"] == {"tensors": "summary", "prune_layers": False, "verify": False, "ranks": 0,
                                "full_dtensor": False, "backward": False, "ops": None, "payload_pipeline": None,
-                               "teacher_forcing": None, "steps": None}
+                               "teacher_forcing": None, "steps": None, "compiled": "modules"}
     assert meta["complete"] is True and meta["error"] is None and meta["capture_failure"] is None
     assert meta["calls"] == session.calls == 3
     assert meta["payload_files"] == meta["payload_bytes"] == 0

@@ -17,6 +17,9 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from .compiled import patch_plan
+from .record_op import recorded_in_graph, register_site, release_sites
+
 _MISSING = object()
 
 
@@ -46,22 +49,30 @@ class ForwardPatch:
         *,
         root_name: str,
         child_context: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
+        compiled_regions_only: bool = False,
     ) -> None:
-        self._saved: list[tuple[nn.Module, Any]] = []
+        self._saved: list[tuple[nn.Module, str, Any]] = []
+        self._sites: list[int] = []  # where a compiled graph's records go (record_op.py)
         self._observer = observer
         self._child_context = child_context
-        for name, module in model.named_modules():
+        # compiled.py: the model's own paths under torch.compile; compiled regions entered from outside
+        for name, module, attribute in patch_plan(model, regions_only=compiled_regions_only):
             path = f"{root_name}.{name}" if name else root_name
-            self._saved.append((module, module.__dict__.get("forward", _MISSING)))
-            module.forward = self._wrap(module, path, is_root=not name)
+            self._saved.append((module, attribute, module.__dict__.get(attribute, _MISSING)))
+            site = register_site(module, path, observer, attribute)
+            self._sites.append(site)
+            setattr(module, attribute, self._wrap(module, path, getattr(module, attribute), site, is_root=not name))
 
-    def _wrap(self, module: nn.Module, path: str, *, is_root: bool) -> Callable[..., Any]:
-        original = module.forward
+    def _wrap(self, module: nn.Module, path: str, original: Callable[..., Any], site: int, *, is_root: bool
+              ) -> Callable[..., Any]:
         observer = self._observer
         context = None if is_root else self._child_context
 
         @functools.wraps(original)
         def forward(*args: Any, **kwargs: Any) -> Any:
+            if torch.compiler.is_compiling():  # Dynamo traces this call: record from inside the graph instead
+                with context() if context is not None else contextlib.nullcontext():
+                    return recorded_in_graph(site, original, args, kwargs)
             token = observer.enter(module, path, args, kwargs)
             try:
                 if context is None:
@@ -79,11 +90,13 @@ class ForwardPatch:
 
     def restore(self) -> None:
         """Put back every module's ``forward`` as it was before the patch."""
-        for module, saved in reversed(self._saved):
+        release_sites(self._sites)
+        self._sites.clear()
+        for module, attribute, saved in reversed(self._saved):
             if saved is _MISSING:
-                module.__dict__.pop("forward", None)
+                module.__dict__.pop(attribute, None)
             else:
-                module.forward = saved
+                setattr(module, attribute, saved)
         self._saved.clear()
 
 

@@ -55,13 +55,14 @@ from .. import format as fmt
 from .._version import __version__
 from ..display import short_repr, summary_html
 from ..errors import TracediffError, UsageError
-from ..files.atomic import ensure_writable_dir, write_json, write_json_pair
+from ..files.atomic import ensure_writable_dir, write_json
 from ._patch import CallObserver
-from ._tree import prune_intermediate_layers, trace_file_names
+from ._tree import prune_intermediate_layers
 from .adapters import Adapter, adapter_for, check_options
 from .adapters.base import ADAPTER_METADATA
 from .backward import BackwardRecorder
 from .compat import sanitize_repr
+from .compiled import CompileWatch
 from .decode_steps import StepTracker, check_other_steps, parse_steps
 from .distributed import current_rank, run_start, versioned_collectives, world_size
 from .encode import Encoder, TensorMode
@@ -129,6 +130,7 @@ class _NativeRecorder:
         self.steps: StepTracker | None = None  # the decode step of each top-level call made by generate
         # id(module) -> the placements its TP style implies for args[0] and the output (parallel_layouts.py)
         self.styles: dict[int, tuple[str | None, str | None, str]] = {}
+        self.compiled: CompileWatch | None = None  # the compiled regions and Dynamo's activity (compiled.py)
         self.observer: CallObserver = self  # what module calls are reported to (op-level capture wraps it)
         self.graph = GraphNodes(self)  # what a graph runtime's nodes are written through (graph.py)
 
@@ -288,6 +290,7 @@ def capture(
     steps: str | Sequence[int] | None = None,
     teacher_forcing: str | Path | None = None,
     other_steps: str = "stats",
+    compiled: str = "modules",
 ) -> Iterator[CaptureSession]:
     """Record every module call of ``model`` made inside the block into ``out_dir``.
 
@@ -350,6 +353,14 @@ def capture(
             ``generate`` without beam search, the reference's vocabulary size
             and prompt. Default None: the model chooses. See
             :mod:`tracediff.capturing.tokens`.
+        compiled: how the values of code compiled with ``torch.compile`` are
+            taken. ``"modules"`` (default): every module, recorded from
+            inside the compiled graph by an opaque op, so the graph keeps its
+            fusions (each compiled region is compiled once more, with the
+            records in it). ``"regions"``: only the calls of the compiled
+            regions (``layer.compile()``, ``torch.compile(layer)``), from
+            outside, running the code compiled before the capture unchanged.
+            See :mod:`tracediff.capturing.compiled` and docs/compiled.md.
 
     Yields:
         A ``CaptureSession``, complete once the block exits.
@@ -368,6 +379,8 @@ def capture(
     """
     if tensors not in _TENSOR_MODES:
         raise UsageError(f"tensors={tensors!r}: expected one of {', '.join(_TENSOR_MODES)}")
+    compiled_watch = CompileWatch(model, compiled)  # torch.compile(model): the model it wraps, its own paths
+    caller, model = model, compiled_watch.model
     adapter = adapter_for(model)  # the one place the model's runtime is decided
     check_options(adapter, {"verify": verify, "backward": backward, "ops": ops, "ops_exclude": ops_exclude,
                             "ops_in": ops_in, "full_dtensor": full_dtensor, "steps": steps,
@@ -404,6 +417,7 @@ def capture(
                       measure=adapter.measure())
     bar = _progress_bar(progress)
     recorder = _NativeRecorder(model, encoder, bar)
+    recorder.compiled = compiled_watch
     started = _dt.datetime.now(_dt.timezone.utc)
     sharded = ranks == "all" and world > 1
     # microseconds: two runs launched side by side (two torchrun jobs in one second) must not share an identity
@@ -422,7 +436,7 @@ def capture(
                "full_dtensor": full_dtensor, "backward": backward,
                "ops": op_recorder.selection.to_dict() if op_recorder else None,
                "payload_pipeline": pipeline.options if pipeline is not None else None,
-               fmt.TEACHER_FORCING_OPTION: forcing_option(forcing)}
+               fmt.TEACHER_FORCING_OPTION: forcing_option(forcing), "compiled": compiled}
     patch = adapter.install(model, recorder, options)
     raised = False
     quiet = warnings.catch_warnings()
@@ -456,7 +470,7 @@ def capture(
         if bar is not None:
             bar.close()
         if verify and not raised and recorder.root_call is not None and recorder.failure is None:
-            session.verification = _verify(model, recorder.root_call)
+            session.verification = _verify(caller, recorder.root_call)  # compiled, when it was given compiled
         try:
             _finish(session, recorder, model, adapter, options, started, rank, world, run)
         finally:
@@ -558,6 +572,12 @@ def _adapter_metadata(adapter: Adapter, model: Any) -> dict[str, Any]:
     return extra
 
 
+def _compile_metadata(recorder: _NativeRecorder) -> dict[str, Any]:
+    """The metadata's ``compile`` object, when the model ran compiled (compiled.py)."""
+    found = recorder.compiled.metadata(recorder.model_name) if recorder.compiled is not None else None
+    return {fmt.COMPILE: found} if found is not None else {}
+
+
 def _finish(
     session: CaptureSession,
     recorder: _NativeRecorder,
@@ -580,17 +600,12 @@ def _finish(
     session.complete = (
         recorder.tree is not None and recorder.escaped_error is None and recorder.failure is None and not open_calls
     )
-    metadata = fmt.metadata_entry({
-        "tracediff_version": __version__,
-        fmt.FRAMEWORK: adapter.framework,
-        fmt.FRAMEWORK_VERSION: adapter.version(),
+    metadata = encoder.stage.metadata({  # the stage adds the version, devices, dtypes and framework
         "torch_version": torch.__version__,
         "python_version": platform.python_version(),
         "transformers_version": _imported_version("transformers"),
         "model_class": f"{type(model).__module__}.{type(model).__qualname__}",
         "model_name": recorder.model_name,
-        "devices": sorted(encoder.devices),
-        "dtypes": sorted(encoder.dtypes),
         "world_size": world,
         "rank": rank,
         "created": started.isoformat(timespec="seconds"),
@@ -602,9 +617,10 @@ def _finish(
         "payload_files": encoder.files,
         "payload_bytes": encoder.payload_bytes,
         "verification": session.verification.to_dict() if session.verification is not None else None,
+        **_compile_metadata(recorder),
         **_adapter_metadata(adapter, model),
         **({"mesh": run.mesh, "run_started": run.started} if run.mesh is not None else {}),  # multi-rank only
-    })
+    }, framework=adapter.framework, framework_version=adapter.version())
     session.metadata = metadata
     try:
         if recorder.tree is not None:
@@ -613,18 +629,14 @@ def _finish(
                 tree[fmt.BACKWARD] = recorder.backward.nodes
             if options["prune_layers"]:
                 prune_intermediate_layers(tree)
-            full, summary = trace_file_names(recorder.model_name)
-            # SUMMARY is the tree without the tensor entries' values, written without copying it (one text
-            # when no payloads); a keyword argument named "value" is not a tensor entry and stays
-            write_json_pair(session.trace_dir / full, session.trace_dir / summary, tree, drop_key=fmt.VALUE,
-                            drop_where=fmt.is_tensor_entry)
+            encoder.stage.write_tree(tree, recorder.model_name)  # FULL_TENSORS, and SUMMARY without values
     except TracediffError as e:
         if recorder.failure is None:
             recorder.failure = e
         session.complete = metadata["complete"] = False
         metadata["capture_failure"] = str(recorder.failure)
     try:  # still worth a try after a failure: it says the trace is incomplete, and why
-        write_json(session.trace_dir / fmt.METADATA_FILE, metadata)
+        encoder.stage.write_metadata(metadata)
     except TracediffError as e:
         if recorder.failure is None:
             recorder.failure = e

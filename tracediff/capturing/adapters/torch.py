@@ -32,7 +32,9 @@ class TorchAdapter(AdapterBase):
     def install(self, model: Any, recorder: Recorder, options: Mapping[str, Any]) -> Installed:
         from .._patch import ForwardPatch
 
-        return ForwardPatch(model, recorder.observer, root_name=recorder.model_name)
+        # compiled="regions": compiled regions entered from outside, nothing inside them touched (compiled.py)
+        return ForwardPatch(model, recorder.observer, root_name=recorder.model_name,
+                            compiled_regions_only=options.get("compiled") == "regions")
 
     def host(self, value: Any) -> Any:
         return value

@@ -1,0 +1,245 @@
+"""Capturing models under ``torch.compile``, and aligning them against their eager selves.
+
+Compile times are kept small: two-block models of width 16, ``dynamic=False``, and the ``aot_eager`` backends
+(Dynamo and AOTAutograd, the ``tracediff::record`` op in the graph, eager kernels) wherever the point is not
+inductor's arithmetic. Inductor (C++ on CPU) compiles the clean model and the bfloat16 plant.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import tracediff
+from tracediff.errors import UsageError
+
+EPS32 = torch.finfo(torch.float32).eps
+WIDTH = 16
+
+
+@torch.compiler.assume_constant_result
+def _gain(block: Block) -> float:
+    # Read while compiling and kept as a constant: a later change is not seen by the compiled code.
+    return block.gain
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(WIDTH, 4 * WIDTH)
+        self.act = nn.GELU()
+        self.fc2 = nn.Linear(4 * WIDTH, WIDTH)
+        self.norm = nn.LayerNorm(WIDTH)
+        self.gain = 1.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(x + self.fc2(self.act(self.fc1(x)))) * _gain(self)
+
+
+class Tiny(nn.Module):
+    """Two blocks with ``extra`` (a planted mistake, or nothing) between them."""
+
+    def __init__(self, extra: nn.Module | None = None) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList([Block(), Block()])
+        self.extra = extra if extra is not None else nn.Identity()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layers[1](self.extra(self.layers[0](x)))
+
+
+class CompilingBranch(nn.Module):
+    """Computes differently when compiled: the mistake ``torch.compiler.is_compiling()`` makes easy."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.compiler.is_compiling():
+            return x * 2.5
+        return x * 2
+
+
+class BfloatRounding(nn.Module):
+    """Rounds to bfloat16 twice in eager; inductor keeps the product in float32 (no second rounding)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x.to(torch.bfloat16) * 3).float()
+
+
+@torch.library.custom_op("tracediff_test::double", mutates_args=())
+def double(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+
+
+@double.register_fake
+def _double_fake(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+class PlantedOp(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.tracediff_test.double(x)
+
+
+def tiny(extra: nn.Module | None = None, seed: int = 0) -> Tiny:
+    torch.manual_seed(seed)
+    return Tiny(extra).eval()
+
+
+def tokens(seed: int = 1) -> torch.Tensor:
+    return torch.randn(2, 8, WIDTH, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo() -> Iterator[None]:
+    """Each test compiles from nothing, so its counts of graphs and compilations are its own."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+def capture(model: Any, out: Path, x: torch.Tensor, **options: Any) -> tuple[torch.Tensor, Any]:
+    with torch.no_grad(), tracediff.capture(model, out, **options) as session:
+        y = model(x)
+    return y, session
+
+
+def metadata(folder: Path) -> dict[str, Any]:
+    return json.loads((folder / "tracediff_metadata.json").read_text())
+
+
+def paths(folder: Path) -> list[str]:
+    return [node.module_path for root in tracediff.load_trace(folder).roots for node in root.walk()]
+
+
+def test_a_compiled_model_is_captured_under_its_own_paths_with_its_compiled_values(tmp_path: Path) -> None:
+    model, x = tiny(), tokens()
+    capture(model, tmp_path / "eager", x)
+    compiled = torch.compile(model, dynamic=False)
+    _, session = capture(compiled, tmp_path / "compiled", x, verify=True)
+
+    assert session.complete and session.calls == 12
+    assert paths(tmp_path / "compiled") == paths(tmp_path / "eager")  # no OptimizedModule, no _orig_mod
+    found = metadata(tmp_path / "compiled")["compile"]
+    assert found["regions"] == [{"module_path": "Tiny", "how": "torch.compile"}]
+    assert found["recording"] == "in-graph op tracediff::record"
+    assert found["during_capture"]["graph_breaks"] == 0  # tracediff's own code is never traced
+    # The run without capture (verify) runs the code compiled without the records: with them, every value
+    # is materialised in float32, which rounds nothing, so the output is the same float32 computation.
+    assert session.verification is not None and session.verification.compared == 1
+    assert session.verification.identical, session.verification.differences
+    # Against eager: a clean compile passes at the default tolerances, with nothing left out.
+    result = tracediff.align(tmp_path / "eager", tmp_path / "compiled")
+    assert result.passed and len(result.rows) > 0 and result.verdict == "passed"
+
+
+def test_the_values_recorded_are_those_the_compiled_code_computed(tmp_path: Path) -> None:
+    model, x = tiny(BfloatRounding()), tokens()
+    capture(model, tmp_path / "eager", x)
+    model.extra.compile(dynamic=False)  # inductor: the product stays in float32
+    with torch.no_grad():
+        expected = model(x)  # what the compiled model computes without capture
+    y, session = capture(model, tmp_path / "compiled", x)
+    assert session.complete
+    # Only the planted module is compiled; what it computes under capture is what it computes without.
+    assert torch.equal(y, expected)
+    result = tracediff.align(tmp_path / "eager", tmp_path / "compiled")
+    assert not result.passed
+    assert result.first_divergence is not None and result.first_divergence.module_path_b == "Tiny.extra"
+
+
+@pytest.mark.parametrize("how", ["Module.compile", "regional", "inside the block"])
+def test_every_way_of_compiling_is_captured_without_breaks(tmp_path: Path, how: str) -> None:
+    model, x = tiny(), tokens()
+    capture(model, tmp_path / "eager", x)
+    target: Any = model
+    if how == "Module.compile":
+        model.compile(backend="aot_eager", dynamic=False)
+    elif how == "regional":
+        for layer in model.layers:
+            layer.compile(backend="aot_eager", dynamic=False)
+    with torch.no_grad(), tracediff.capture(model, tmp_path / "compiled") as session:
+        if how == "inside the block":
+            target = torch.compile(model, backend="aot_eager", dynamic=False)
+        target(x)
+    assert session.complete
+    assert paths(tmp_path / "compiled") == paths(tmp_path / "eager")
+    during = metadata(tmp_path / "compiled")["compile"]["during_capture"]
+    assert during["graph_breaks"] == 0 and during["frames_compiled"] >= 1
+    assert tracediff.align(tmp_path / "eager", tmp_path / "compiled").passed
+
+
+def test_a_model_captured_again_runs_the_graph_compiled_for_the_first_capture(tmp_path: Path) -> None:
+    model, x = tiny(), tokens()
+    compiled = torch.compile(model, backend="aot_eager", dynamic=False)
+    capture(compiled, tmp_path / "first", x)
+    capture(compiled, tmp_path / "second", x)
+    assert metadata(tmp_path / "first")["compile"]["during_capture"]["frames_compiled"] >= 1
+    assert metadata(tmp_path / "second")["compile"]["during_capture"]["frames_compiled"] == 0
+    assert paths(tmp_path / "second") == paths(tmp_path / "first")
+
+
+def test_a_branch_on_is_compiling_is_named_at_its_module(tmp_path: Path) -> None:
+    model, x = tiny(CompilingBranch()), tokens()
+    capture(model, tmp_path / "eager", x)
+    capture(torch.compile(model, backend="aot_eager", dynamic=False), tmp_path / "compiled", x)
+    result = tracediff.align(tmp_path / "eager", tmp_path / "compiled")
+    assert result.first_divergence is not None and result.first_divergence.module_path_b == "Tiny.extra"
+
+
+def test_a_custom_op_whose_decomposition_differs_from_its_kernel_is_named_at_its_module(tmp_path: Path) -> None:
+    from torch._inductor import decomposition
+
+    model, x = tiny(PlantedOp()), tokens()
+    capture(model, tmp_path / "eager", x)
+    op = torch.ops.tracediff_test.double.default
+
+    def drifting(t: torch.Tensor) -> torch.Tensor:  # what the compiler uses instead of the kernel: 25% off
+        return t * 2.5
+
+    # The table the compiler reads is built once (cached): rebuilt with the decomposition, and after without.
+    decomposition.decompositions[op] = drifting
+    decomposition.fast_random_decomps.cache_clear()
+    try:
+        capture(torch.compile(model, backend="aot_eager_decomp_partition", dynamic=False),
+                tmp_path / "compiled", x)
+    finally:
+        del decomposition.decompositions[op]
+        decomposition.fast_random_decomps.cache_clear()
+    result = tracediff.align(tmp_path / "eager", tmp_path / "compiled")
+    assert result.first_divergence is not None and result.first_divergence.module_path_b == "Tiny.extra"
+
+
+def test_state_read_while_compiling_and_changed_after_is_named_by_a_regions_capture(tmp_path: Path) -> None:
+    model, x = tiny(), tokens()
+    for layer in model.layers:
+        layer.compile(backend="aot_eager", dynamic=False)
+    with torch.no_grad():
+        model(x)  # compiled now, with gain 1.0 kept as a constant
+    model.layers[1].gain = 1.5
+    reference = tiny()
+    reference.layers[1].gain = 1.5
+    capture(reference, tmp_path / "eager", x)
+
+    capture(model, tmp_path / "regions", x, compiled="regions")
+    found = metadata(tmp_path / "regions")["compile"]
+    assert found["during_capture"]["frames_compiled"] == 0  # the code compiled before the capture ran
+    assert [r["module_path"] for r in found["regions"]] == ["Tiny.layers.0", "Tiny.layers.1"]
+    assert paths(tmp_path / "regions") == ["Tiny", "Tiny.layers.0", "Tiny.extra", "Tiny.layers.1"]
+    result = tracediff.align(tmp_path / "eager", tmp_path / "regions")
+    assert result.first_divergence is not None and result.first_divergence.module_path_b == "Tiny.layers.1"
+
+    # compiled="modules" compiles the regions again, with the records: the constant is read anew.
+    capture(model, tmp_path / "modules", x)
+    assert tracediff.align(tmp_path / "eager", tmp_path / "modules").passed
+
+
+def test_regions_needs_a_compiled_region(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="has no compiled region"):
+        capture(tiny(), tmp_path / "t", tokens(), compiled="regions")
+    with pytest.raises(UsageError, match=r"compiled='fast': expected one of modules, regions"):
+        capture(tiny(), tmp_path / "u", tokens(), compiled="fast")
