@@ -243,3 +243,30 @@ def test_regions_needs_a_compiled_region(tmp_path: Path) -> None:
         capture(tiny(), tmp_path / "t", tokens(), compiled="regions")
     with pytest.raises(UsageError, match=r"compiled='fast': expected one of modules, regions"):
         capture(tiny(), tmp_path / "u", tokens(), compiled="fast")
+
+
+def test_compiled_generation_with_a_static_cache_is_captured_step_by_step(tmp_path: Path) -> None:
+    transformers = pytest.importorskip("transformers")
+    from tests.generation import ports
+
+    config = transformers.LlamaConfig(
+        vocab_size=ports.VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, attn_implementation="eager", pad_token_id=0,
+        bos_token_id=None, eos_token_id=None)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(config).eval()
+    prompt, options = ports.prompt(), ports.generate_kwargs(cache_implementation="static")
+    with tracediff.capture(model, tmp_path / "eager") as eager:
+        expected = model.generate(prompt, **options)
+    model.forward = torch.compile(model.forward, backend="aot_eager", dynamic=False)  # as for compiled decoding
+    with tracediff.capture(model, tmp_path / "compiled") as session:
+        tokens_out = model.generate(prompt, **options)
+
+    assert torch.equal(tokens_out, expected) and session.complete and session.calls == eager.calls
+    trace = tracediff.load_trace(tmp_path / "compiled")
+    assert trace.root_steps == list(range(ports.NEW_TOKENS))
+    found = metadata(tmp_path / "compiled")["compile"]
+    assert found["regions"] == [{"module_path": "LlamaForCausalLM", "how": "torch.compile(forward)"}]
+    # one graph for the prompt, one for every decode step (the static cache keeps their shapes)
+    assert found["during_capture"]["graphs"] == 2 and found["during_capture"]["graph_breaks"] == 0
+    assert tracediff.align(tmp_path / "eager", tmp_path / "compiled").passed

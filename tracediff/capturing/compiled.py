@@ -37,6 +37,7 @@ from ..errors import UsageError
 RECORDING = {"modules": "in-graph op tracediff::record", "regions": "at compiled region calls, from outside"}
 TORCH_COMPILE = "torch.compile"
 MODULE_COMPILE = "Module.compile"
+FORWARD_COMPILE = "torch.compile(forward)"  # module.forward = torch.compile(module.forward), as for generate
 
 
 def is_optimized_module(value: Any) -> bool:
@@ -96,6 +97,9 @@ def patch_plan(model: Any, *, regions_only: bool) -> list[tuple[str, Any, str]]:
         elif module.__dict__.get(COMPILED_CALL) is not None:
             plan.append((own, module, COMPILED_CALL))
             inside.append(name)
+        elif _compiled_forward(module):
+            plan.append((own, module, FORWARD))
+            inside.append(name)
         else:
             plan.append((own, module, FORWARD))
     return plan
@@ -122,9 +126,17 @@ def compiled_regions(model: Any, root_name: str, *, root_compiled: bool) -> list
         path = f"{root_name}.{own}" if own else root_name
         if is_optimized_module(module):
             regions.append({fmt.MODULE_PATH: path, "how": TORCH_COMPILE})
-        elif getattr(module, "_compiled_call_impl", None) is not None:
+        elif module.__dict__.get(COMPILED_CALL) is not None:
             regions.append({fmt.MODULE_PATH: path, "how": MODULE_COMPILE})
+        elif _compiled_forward(module):
+            regions.append({fmt.MODULE_PATH: path, "how": FORWARD_COMPILE})
     return regions
+
+
+def _compiled_forward(module: Any) -> bool:
+    """True when the module's own ``forward`` attribute is a function ``torch.compile`` returned."""
+    forward = module.__dict__.get(FORWARD)
+    return forward is not None and getattr(forward, "_torchdynamo_orig_callable", None) is not None
 
 
 def _is_torch_module(model: Any) -> bool:
@@ -134,7 +146,7 @@ def _is_torch_module(model: Any) -> bool:
 
 def _has_region(model: Any) -> bool:
     return _is_torch_module(model) and any(
-        is_optimized_module(module) or module.__dict__.get(COMPILED_CALL) is not None
+        is_optimized_module(module) or module.__dict__.get(COMPILED_CALL) is not None or _compiled_forward(module)
         for module in model.modules())
 
 
