@@ -59,6 +59,7 @@ import numpy as np
 
 from ..order import chunk_size
 from ..trace.payload import Payload, as_floats, payload_of
+from .moments import MOMENT_BLOCK
 from .row_pass import PearsonMoments, PositionTracker, RowExtras
 from .rule import passes
 from .scaled import ScaledSum, exponent_of, safe_ldexp, scale_down, scaled_sums, sums_are_safe
@@ -196,7 +197,7 @@ class _Scratch:
     def __init__(self, work: type[np.floating[Any]]) -> None:
         self.wide_a, self.wide_b, self.diff, self.absa, self.excess = (np.empty(CHUNK, work) for _ in range(5))
         self.mask, self.mask2 = np.empty(CHUNK, np.bool_), np.empty(CHUNK, np.bool_)
-        self.moment_a, self.moment_b = np.empty(CHUNK, _F64), np.empty(CHUNK, _F64)  # pcc's centred copies
+        self.moment_a, self.moment_b = (np.empty(min(CHUNK, MOMENT_BLOCK), _F64) for _ in range(2))  # pcc's copies
 
 
 _local = threading.local()

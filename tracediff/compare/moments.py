@@ -1,8 +1,9 @@
 """The Pearson correlation of a pair from float64 moments: one computation for every path that reports a ``pcc``.
 
-A chunk of finite elements (``a``, ``b``, any float dtype) is widened to float64 (exactly), centred on its
-own means and reduced to :class:`Moments`: its count, means and centred (co-)moments. Chunks, and the slices
-of a tensor that ranks measure apart (``align --distributed``), merge by Chan's pairwise update. The one
+A chunk of finite elements (``a``, ``b``, any float dtype) is widened to float64 (exactly), 2**16 elements
+at a time, each block centred on its own means and reduced to :class:`Moments`: its count, means and centred
+(co-)moments. Blocks, chunks, and the slices of a tensor that ranks measure apart (``align --distributed``),
+merge by Chan's pairwise update. The one
 process pass and the distributed merge therefore compute the same quantities in the same precision and
 differ only in how the elements are grouped, so their ``pcc`` agree to float64 rounding on any CPU, where
 float32 sums (grouped by SIMD width and BLAS kernel) left them some 1e-7 apart.
@@ -66,10 +67,21 @@ class Moments:
 NO_MOMENTS = Moments(0, 0.0, 0.0, 0.0, 0.0, 0.0)
 
 
+# Elements widened at a time: two float64 blocks of 512 KiB stay in a core's L2 cache next to the kernel's
+# float32 work arrays (bench/bench_measure.py, two 64 MiB float32 tensors: 0.17-0.20 CPU s, 0.23 in whole chunks)
+MOMENT_BLOCK = 1 << 16
+
+
 def chunk_moments(a: np.ndarray, b: np.ndarray, work_a: np.ndarray, work_b: np.ndarray) -> Moments:
     """The moments of finite elements ``a`` and ``b`` (same length), centred in the float64 ``work`` arrays
-    (at least as long; their contents are overwritten)."""
+    (at least ``min(len(a), 2**16)`` long; their contents are overwritten), a block at a time."""
     m = a.size
+    if m > MOMENT_BLOCK:
+        found = NO_MOMENTS
+        for start in range(0, m, MOMENT_BLOCK):
+            stop = start + MOMENT_BLOCK
+            found = found.merge(chunk_moments(a[start:stop], b[start:stop], work_a, work_b))
+        return found
     if not m:
         return NO_MOMENTS
     x, y = work_a[:m], work_b[:m]
