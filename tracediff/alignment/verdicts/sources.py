@@ -24,7 +24,19 @@ holds none is a source when B's op made them from finite inputs (a ``log`` of
 a negative, an ``exp`` that overflows), and never when one of its inputs held
 them already (it spread them), whatever flowed in. Sources are
 listed in execution order; a row out of tolerance that is no source is
-``inherited``. A source's ``origin`` is ``introduced`` for an output (the
+``inherited``.
+
+An error can be made below tolerance and diverge only further on: a bf16 RMSNorm that skips its float32
+upcast is off by one bf16 step (within rtol element by element), and the projection after it, whose outputs
+are near zero in places, is beyond ``rtol * |a|`` there with no more error than flowed into it. Each row's
+error is followed back to the row where it **arose**: itself when its excess is beyond ``noise_factor``
+times what flowed in (unfloored: made there), else where the incoming excess arose (carried). A diverged row
+that would be a source only because what flowed in is below 1, whose error is carried from a row within
+tolerance that made its error with A and B in one dtype (where rounding alike makes no error), is not the
+source: that row is, marked diverged with a reason saying so (the first divergence names the norm, not the
+projection). Across dtypes, rounding makes error everywhere, and nothing changes.
+
+A source's ``origin`` is ``introduced`` for an output (the
 module's own code), ``between modules`` for an input (the caller's own code
 between its submodule calls; the reason names the caller as recorded, never
 a ``ModuleList`` or another container that has no code of its own) and
@@ -104,23 +116,44 @@ def find_sources(rows: Sequence[RowDraft], nodes_b: Sequence[Node], records_a: S
     later rows but are never sources.
     """
     running: dict[tuple[str, int], float] = {}  # (phase, id of a call) -> largest excess recorded inside it so far
+    holder: dict[tuple[str, int], int] = {}  # the same key -> the row holding that excess
+    arose: list[int] = []  # row -> the row where its error arose: itself, or the one whose error flowed into it
+    seeds: set[int] = set()  # rows within tolerance that made their error (A and B in one dtype): see _started_here
     flags: list[bool] = []
     growth: float | None
     for index, (row, node, record_a) in enumerate(zip(rows, nodes_b, records_a)):
         phase, side = role(row.tensor)
         value = excess(row, record_a)
         diverged = row.within_tolerance is False  # row.diverged
+        arose.append(index)
         if value == 0.0 and not diverged:  # nothing beyond noise, most rows of a close port: what flowed in is moot
             growth, is_source = 0.0, False
         else:
             enclosing = node if side == "out" else node.parent
-            incoming = running.get((phase, id(enclosing)), 0.0) if enclosing is not None else 0.0
+            key = (phase, id(enclosing)) if enclosing is not None else None
+            incoming = running.get(key, 0.0) if key is not None else 0.0
             growth = None if value is None else (value / max(incoming, 1.0) if not math.isinf(value) or
                                                  not math.isinf(incoming) else 1.0)
             made = made_nonfinite(row, node) if side == "out" else None
             is_source = bool(diverged and not (never_source and never_source[index])
                              and (made if made is not None else
                                   incoming <= 1.0 or (growth is not None and growth > noise_factor)))
+            upstream = holder.get(key) if key is not None else None
+            # carried: no more than noise_factor times what flowed in (unfloored); else made here
+            carried = value is not None and upstream is not None and value <= noise_factor * incoming
+            if carried and upstream is not None:
+                arose[index] = arose[upstream]
+            elif value and not diverged and row.dtype_a == row.dtype_b:
+                seeds.add(index)
+            seed = arose[index]
+            if is_source and carried and made is None and incoming <= 1.0 and seed in seeds and \
+                    not (never_source and never_source[seed]):
+                # an error below tolerance where it was made, beyond what flowed in there, carried here: it
+                # starts there
+                is_source = False
+                if not flags[seed]:  # the first row it carried into names it; the others inherit from it
+                    flags[seed] = True
+                    _started_here(rows[seed], nodes_b[seed], row)
         row.growth = growth
         if diverged:
             row.origin = _origin(side, phase, node) if is_source else "inherited"
@@ -130,8 +163,20 @@ def find_sources(rows: Sequence[RowDraft], nodes_b: Sequence[Node], records_a: S
             row.origin = None
         flags.append(is_source)
         if value is not None:
-            _raise_running(running, phase, node, value)
+            _raise_running(running, holder, phase, node, value, index)
     return flags
+
+
+def _started_here(row: RowDraft, node: Node, carried_to: RowDraft) -> None:
+    """Mark a row within tolerance as the source of a divergence it carried into ``carried_to``."""
+    side, phase = role(row.tensor)[1], role(row.tensor)[0]
+    row.within_tolerance, row.status = False, "diverged"
+    row.origin = _origin(side, phase, node)
+    add_note(row, f"within the elementwise tolerance, but made here (A and B in one dtype, more than the noise "
+                  f"factor times the error that flowed in) and carried into {carried_to.module_path_b} "
+                  f"{carried_to.tensor}, which diverges with no more: the divergence starts here")
+    if row.origin == "between modules" and node.parent is not None:
+        add_note(row, _between_note(node))
 
 
 def made_nonfinite(row: RowDraft, node: Node) -> bool | None:
@@ -164,11 +209,13 @@ def _between_note(node: Node) -> str:
             f"calls{after}, before {node.module_path} ran")
 
 
-def _raise_running(running: dict[tuple[str, int], float], phase: str, node: Node, value: float) -> None:
+def _raise_running(running: dict[tuple[str, int], float], holder: dict[tuple[str, int], int], phase: str,
+                   node: Node, value: float, index: int) -> None:
     current: Node | None = node
     while current is not None:
         key = (phase, id(current))
         if not value > running.get(key, -1.0):
             return  # every ancestor already holds at least this call's largest excess
         running[key] = value
+        holder[key] = index
         current = current.parent
