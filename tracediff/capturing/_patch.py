@@ -5,6 +5,10 @@ hooks, because a forward hook cannot tell a module that raised from one that
 returned ``None``. The patch remembers whether each module had its own
 ``forward`` attribute and puts back exactly that, so the model leaves the
 context as it entered it.
+
+Under ``torch.compile`` Dynamo traces the wrapper: it then records through the opaque op of
+:mod:`.record_op` instead of calling the observer, and :mod:`.compiled` decides which callables are
+wrapped (the model's own paths; with ``compiled="regions"``, compiled regions entered from outside).
 """
 
 from __future__ import annotations
