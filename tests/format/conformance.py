@@ -110,9 +110,19 @@ def without_tensor_values(value: Any) -> Any:
     return value
 
 
+def _imported(path: Any) -> bool:
+    """A file of a trace ``tracediff import`` writes (into a ``.{out}.{random}.importing`` staging folder).
+
+    Not validated: an importer knows no module classes, so its calls lack ``module_type`` (a gap of the
+    importers, written down in docs/importers.md)."""
+    return Path(path).parent.name.endswith(".importing")
+
+
 def _checked_write_json_pair(write: Callable[..., None]) -> Callable[..., None]:
     def checked(path: Any, stripped_path: Any, obj: Any, *args: Any, **kwargs: Any) -> None:
         write(path, stripped_path, obj, *args, **kwargs)
+        if _imported(path):
+            return
         # What was written, read back. The FULL file is validated; the SUMMARY file must be exactly the FULL
         # file without the tensor entries' values (cheaper than validating it again, and stricter).
         full = json.loads(Path(path).read_text(encoding="utf-8"))
@@ -128,11 +138,16 @@ def _checked_write_json_pair(write: Callable[..., None]) -> Callable[..., None]:
 def written_traces_conform() -> Iterator[None]:
     """Validate every trace JSON written by tracediff's capture writers while the block runs."""
     from tracediff.capturing import compat, session
+    from tracediff.files import trace_writing  # the stage captures and importers write their traces through
 
     saved = [(module, name, getattr(module, name))
-             for module, name in ((session, "write_json"), (session, "write_json_pair"), (compat, "write_json"))]
+             for module, name in ((session, "write_json"), (trace_writing, "write_json"),
+                                  (trace_writing, "write_json_pair"), (compat, "write_json"))]
     session.write_json = _checked_write_json(session.write_json, standard=False)  # type: ignore[attr-defined]
-    session.write_json_pair = _checked_write_json_pair(session.write_json_pair)  # type: ignore[attr-defined]
+    trace_writing.write_json = _checked_write_json(trace_writing.write_json,  # type: ignore[attr-defined]
+                                                   standard=False)
+    trace_writing.write_json_pair = _checked_write_json_pair(  # type: ignore[attr-defined]
+        trace_writing.write_json_pair)
     compat.write_json = _checked_write_json(compat.write_json, standard=True)  # type: ignore[attr-defined]
     try:
         yield

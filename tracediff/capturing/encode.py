@@ -18,6 +18,10 @@ otherwise.
 A tensor object seen again unchanged (same object, same version counter, as
 when one module's output is the next one's input) is neither written nor
 measured twice: its entry points to the first payload.
+
+Payload names and tensor entries come from the stage every trace writer
+shares (:class:`tracediff.files.trace_writing.TraceStage`, ``Encoder.stage``),
+which also writes the tree files and the metadata when the capture ends.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import torch
 
 from .. import format as fmt
 from ..files.payloads import write_tensor_file
+from ..files.trace_writing import TraceStage
 from ..format import as_json, is_json_safe
 from .compat import _tensor_lines, sanitize_repr
 from .device_stats import DeviceStats, measured_on_device
@@ -56,13 +61,12 @@ class Encoder:
         self.tensors = tensors
         self.statistics = True  # False: entries of a decode step left out with other_steps="tree" (decode_steps)
         self.full_dtensor = full_dtensor
+        self.stage = TraceStage(folder)  # payload names, tensor entries, and the files that finish the trace
         self.files = 0
         self.payload_bytes = 0
-        self.devices: set[str] = set()
-        self.dtypes: set[str] = set()
+        self.devices: set[str] = self.stage.devices
+        self.dtypes: set[str] = self.stage.dtypes
         self._seen: dict[int, tuple[weakref.ref[torch.Tensor], int, dict[str, Any]]] = {}
-        self._file_stems: set[str] = set()
-        self._last_suffix: dict[str, int] = {}  # stem -> its latest ~k, for unique_payload_stem
         self._stats_buffers = StatsBuffers()
         self._device_stats = DeviceStats(self._stats_buffers)
         # payloads to write once ``value`` is encoded, with the statistics the writer computes (or None)
@@ -163,18 +167,13 @@ class Encoder:
         """Read back the statistics still pending on devices (the entries are complete afterwards)."""
         self._device_stats.resolve()
 
-    def _unique_file_name(self, name: str) -> str:
-        """``{name}.safetensors`` made file-safe; ``{name}~{k}`` when two names sanitize alike."""
-        return fmt.payload_file_name(fmt.unique_payload_stem(name, self._file_stems, self._last_suffix))
-
     def _describe(self, tensor: torch.Tensor, name: str) -> dict[str, Any]:
         dtype = tensor.dtype
         device = str(tensor.device)
-        self.devices.add(device)
-        self.dtypes.add(str(dtype))
         full = self.tensors == "full"
         if not (full or self.statistics):  # shape, dtype, device and numel only: nothing measured
-            return fmt.tensor_entry(repr(tensor.shape), repr(dtype), stats={"numel": tensor.numel()}, device=device)
+            return self.stage.tensor_entry(repr(tensor.shape), repr(dtype), stats={"numel": tensor.numel()},
+                                           device=device)
         # Measured later: by the payload's writer thread (or a held decode step's write), or on the device and
         # filled in by resolve_stats().
         by_writer = full and bool(getattr(self.pipeline, "measures", False))
@@ -182,15 +181,15 @@ class Encoder:
         stored: str | list[str] | None = None
         if full:
             tensor = tensor.contiguous()  # one copy at most, shared by the payload and the statistics
-            file_name = self._unique_file_name(name)
+            file_name = self.stage.payload_file(name)
             stored = fmt.payload_reference(file_name)
         elif self.tensors == "repr":
             stored = _tensor_lines(tensor)
         stats = {} if by_writer else self._measure(tensor, on_device)
         strings = placeholder_strings(tensor) if by_writer or on_device else \
             string_fields(stats, dtype) if dtype in FLOAT_DTYPES and stats.get("numel") else None
-        entry = fmt.tensor_entry(repr(tensor.shape), repr(dtype), stored, string_stats=strings, stats=stats,
-                                 device=device)
+        entry = self.stage.tensor_entry(repr(tensor.shape), repr(dtype), stored, string_stats=strings, stats=stats,
+                                        device=device)
         if on_device:
             self._device_stats.launch(tensor, entry, stats)
         if full:

@@ -1,7 +1,9 @@
 """Writing an imported dump as a trace: payloads, the two tree files and the metadata, into a staging folder
 that is renamed into place at the end, so that a failed import leaves nothing behind.
 
-Names and entries come from :mod:`tracediff.format`. A tensor whose bytes lie
+Names, entries, the tree files and the metadata are written through the stage a capture writes through too
+(:class:`tracediff.files.trace_writing.TraceStage`); what is the importer's own is where payload bytes come
+from. A tensor whose bytes lie
 in the dump file as they are (``.npy``, ``.safetensors``) is copied by the
 kernel (:func:`copy_range`: ``sendfile``, no pass through Python), so an
 import runs at about the speed of a plain copy.
@@ -18,46 +20,44 @@ from pathlib import Path
 from typing import Any
 
 from .. import format as fmt
-from .._version import __version__
 from ..errors import DumpFormatError, OutputDirError
-from ..files.atomic import check_out_dir, write_json, write_json_pair
+from ..files.atomic import check_out_dir
 from ..files.confine import open_regular
 from ..files.payloads import write_tensor_file
+from ..files.trace_writing import TraceStage
 from ._files import Tensor
 
 _NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 
 
-class TraceWriter:
-    """Payloads and entries of one trace being written into ``folder`` (a fresh staging folder)."""
+class TraceWriter(TraceStage):
+    """Payloads and entries of one trace being written into ``folder`` (a fresh staging folder).
+
+    ``framework`` is what the dump's values were computed with, when the dump says (``"onnxruntime"``); it
+    becomes the metadata's ``framework``.
+    """
 
     def __init__(self, folder: Path, root: Path) -> None:
-        self.folder = folder
+        super().__init__(folder)
         self.root = root  # the dump folder: every source file is opened confined to it
-        self.stems: set[str] = set()
-        self.files = 0
-        self.payload_bytes = 0
-        self.dtypes: set[str] = set()
+        self.framework: str | None = None
 
     def entry(self, tensor: Tensor, name: str) -> dict[str, Any]:
         """Write ``tensor``'s payload under ``name`` (a payload name of the format) and return its tensor entry."""
-        file_name = fmt.payload_file_name(fmt.unique_payload_stem(name, self.stems))
+        file_name = self.payload_file(name)
         target = self.folder / file_name
         if tensor.value is not None:
             written = write_tensor_file(target, tensor.value)
         else:
             written = self._copy(tensor, target)
-        self.files += 1
-        self.payload_bytes += written
+        self.written(written)
         return self.stats_entry(tensor.shape, tensor.dtype, {"numel": _numel(tensor.shape)},
                                 value=fmt.payload_reference(file_name))
 
     def stats_entry(self, shape: tuple[int, ...], dtype: str, stats: Mapping[str, Any],
                     value: str | None = None) -> dict[str, Any]:
         """A tensor entry without a payload (a statistics-only record), or with ``value`` when given."""
-        dtype_repr = dtype if dtype.startswith("torch.") else f"torch.{dtype}"
-        self.dtypes.add(dtype_repr)
-        return fmt.tensor_entry(f"torch.Size({list(shape)})", dtype_repr, value, stats=dict(stats), device="cpu")
+        return self.tensor_entry(shape, dtype, value, stats=dict(stats))
 
     def _copy(self, tensor: Tensor, target: Path) -> int:
         header = fmt.payload_header(tensor.code, tensor.shape, tensor.nbytes)
@@ -79,17 +79,12 @@ class TraceWriter:
 
     def finish(self, tree: dict[str, Any], model_name: str, importer: Mapping[str, Any], calls: int) -> None:
         """Write the FULL_TENSORS and SUMMARY files and the metadata of the trace."""
-        full, summary = fmt.trace_file_names(model_name)
-        write_json_pair(self.folder / full, self.folder / summary, tree, drop_key=fmt.VALUE,
-                        drop_where=fmt.is_tensor_entry)
-        metadata = fmt.metadata_entry({
-            fmt.PRODUCER_KEY: __version__, "model_name": model_name, "devices": ["cpu"],
-            "dtypes": sorted(self.dtypes), "world_size": 1, "rank": 0,
+        self.write_tree(tree, model_name)
+        self.write_metadata(self.metadata({
+            "model_name": model_name, "world_size": 1, "rank": 0,
             "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "options": {fmt.IMPORTER_OPTION: dict(importer)}, fmt.COMPLETE_KEY: True, "calls": calls,
-            "payload_files": self.files, "payload_bytes": self.payload_bytes,
-        })
-        write_json(self.folder / fmt.METADATA_FILE, metadata)
+        }, framework=self.framework))
 
 
 def copy_range(source: int, target: int, offset: int, count: int, path: Path) -> None:

@@ -32,6 +32,7 @@ from typing import Any
 from .. import format as fmt
 from ..errors import DumpFormatError
 from ..files.confine import TRACE_JSON_LIMIT, read_json_file
+from ..files.trace_writing import scope_call
 from ._decoded import from_numpy
 from ._files import read_head
 from ._writer import TraceWriter
@@ -82,6 +83,7 @@ def import_polygraphy(src: Path, writer: TraceWriter, *, model_name: str) -> Imp
         raise DumpFormatError(f"{path}: holds the results of {len(runners)} runners ({names}); save one runner's "
                               "outputs per file")
     runner, iterations = runners[0]
+    writer.framework = _framework(str(runner))
     calls: list[dict[str, Any]] = []
     tensors = 0
     for k, iteration in enumerate(iterations):
@@ -115,7 +117,7 @@ def _iteration(outputs: dict[str, Any], k: int, writer: TraceWriter, model_name:
             prefix = fmt.payload_name(fmt.call_prefix(model_name, k), fmt.OUTPUTS)
             graph_outputs.append(writer.entry(array, fmt.payload_name(prefix, len(graph_outputs))))
             continue
-        node = _scope(scopes, module, model_name, k)
+        node = scope_call(scopes, module, model_name, k)
         op_index = ops.get(module, 0)
         ops[module] = op_index + 1
         op = _op_type(match["op"])
@@ -130,14 +132,13 @@ def _iteration(outputs: dict[str, Any], k: int, writer: TraceWriter, model_name:
     return root, len(outputs)
 
 
-def _scope(scopes: dict[str, dict[str, Any]], module: str, model_name: str, k: int) -> dict[str, Any]:
-    """The module call of ``module`` in this iteration, created with its enclosing scopes on first use."""
-    node = scopes.get(module)
-    if node is None:
-        parent = _scope(scopes, module.rpartition(".")[0], model_name, k) if "." in module else scopes[""]
-        node = scopes[module] = fmt.node_entry(f"{model_name}.{module}", call_index=k, inputs={}, children=[])
-        parent[fmt.CHILDREN].append(node)
-    return node
+def _framework(runner: str) -> str | None:
+    """The engine a Polygraphy runner ran (``onnxrt-runner-N0-...``: ONNX Runtime), None when its name does not
+    say."""
+    for prefix, framework in (("onnxrt", "onnxruntime"), ("trt", "tensorrt")):
+        if runner.startswith(prefix):
+            return framework
+    return None
 
 
 def _op_type(op: str) -> str:
