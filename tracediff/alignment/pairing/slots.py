@@ -82,7 +82,9 @@ def pair_tensors(node_a: Node, node_b: Node, slots: SlotRules | None = None, val
         # an argument slot holds another argument when the sizes differ (whisper's ``xa`` and transformers'
         # ``attention_mask`` are both ``args.1``): it waits for a partner of its size; a slot rule is the
         # user's word, and an output keeps its slot (a size that differs there is the port's bug)
-        if other is not None and (ruled or _related(t, other, values, node_a.parent is None)):
+        # a position is no name: a mask and numbers under one position are two arguments (see _kinds_apart)
+        if other is not None and (ruled or (_related(t, other, values, node_a.parent is None) and
+                                            not (key.startswith(_ARGS) and _kinds_apart(t, other, values)))):
             pairs.append((t, by_slot_b.pop(key)))
         else:
             left_a.append(t)
@@ -110,11 +112,12 @@ def pair_tensors(node_a: Node, node_b: Node, slots: SlotRules | None = None, val
             left_b.remove(tb)
     same_slot: dict[str, TensorRecord] = {_named(t.slot, names_b): t for t in left_b}
     for ta in list(left_a):  # arguments that found no partner of their size keep their slot's
-        partner = same_slot.pop(_named(ta.slot, names_a), None)
+        named = _named(ta.slot, names_a)
+        partner = same_slot.pop(named, None)
         if partner is None:
             continue
         if (values is None or not (_known_integers(ta, values) or _known_integers(partner, values))) and \
-                not _kinds_apart(ta, partner, values):
+                not (named.startswith(_ARGS) and _kinds_apart(ta, partner, values)):
             pairs.append((ta, partner))
             left_a.remove(ta)
             left_b.remove(partner)
@@ -152,7 +155,7 @@ def _related(x: TensorRecord, y: TensorRecord, values: Values | None, root: bool
     ``pos_embed`` takes the tokens, GPT-2's ``wpe`` the positions)."""
     if x.shape is None or y.shape is None or root or not x.slot.startswith("inputs"):
         return True
-    if math.prod(x.shape) != math.prod(y.shape) or _kinds_apart(x, y, values):
+    if math.prod(x.shape) != math.prod(y.shape):
         return False
     if values is not None and _integers(x) and _integers(y) and values.stats(x, "a") and values.stats(y, "b"):
         return values.similarity(x, y) == 1.0
