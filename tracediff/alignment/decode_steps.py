@@ -126,8 +126,9 @@ def set_steps(rows: Sequence[RowDraft], b: Trace) -> None:
 def summarize_steps(rows: Sequence[TensorComparison], a: Trace, b: Trace, *, selected: int | None,
                     note: str | None, counts: tuple[int, int]) -> StepAlignment | None:
     """The steps compared and those diverging (rows carry their step: :func:`set_steps`); None when neither
-    trace holds decode steps."""
-    if not counts[0] and not counts[1]:
+    trace holds decode steps, or when one holds none and the other one (a forward against one evaluation of a
+    graph runtime: nothing step by step to say)."""
+    if min(counts) == 0 and max(counts) <= 1:
         return None
     diverged: list[int] = []
     for row in rows:

@@ -30,6 +30,7 @@ from ..errors import PayloadError, TraceFormatError
 from ..files.confine import check_regular_file, resolve_inside, resolved_folder
 from ..files.payloads import read_tensor_file
 from .frozen import frozen_builder
+from .graph_scopes import group_scopes
 from .model import Node, ReprValue, StepTokens, TensorRecord
 from .ranks import is_multi_rank
 from .reading import incomplete_reason, journal_of, read_tree
@@ -203,6 +204,7 @@ def load_trace(path: str | Path) -> Trace:
     except RecursionError:
         raise TraceFormatError(f"{json_path}: the call tree nests too deeply to be read; refused") from None
     del tree, later, backward_entries
+    group_scopes([root for root, step in zip(roots, steps) if step is not None])  # graph nodes: graph_scopes.py
     trace = Trace(directory=directory, json_path=json_path, roots=roots, metadata=metadata, backward=backward,
                   root_steps=steps, root_tokens=tokens, layouts=builder.layouts)
     if trace.producer == "transformers":

@@ -20,6 +20,7 @@ import math
 from collections import Counter
 from collections.abc import Container, Sequence
 
+from ...trace.graph_scopes import GRAPH_BLOCK
 from ...trace.load import Trace
 from ...trace.model import Node, TensorRecord
 from ..result import Job, TensorComparison
@@ -32,6 +33,7 @@ _FITS = 2e-2
 # of two unrelated features (q_proj's, about 0), and a port's noise leaves it above 0.9999
 _CORRELATED = 0.999
 _SAMPLE = 1 << 14  # elements of the first rows every order is tried on before the whole tensor
+_VIEWS = frozenset({"RESHAPE", "VIEW", "PERMUTE", "TRANSPOSE", "CONT", "CPY"})  # ggml ops that move no value
 
 
 def pair_orders(shape: tuple[int, ...]) -> list[Transform]:
@@ -69,13 +71,17 @@ def decide_orders(rows: Sequence[TensorComparison], jobs: Sequence[Job], trace_a
     for i, (row, job) in enumerate(zip(rows, jobs)):
         _, ra, _, rb = job
         as_recorded = (id(ra), id(rb)) not in transformed
-        if row.within_tolerance is False and ra.slot.startswith("outputs") and ra.shape == rb.shape \
-                and ra.shape is not None and not (as_recorded and _fits_as_recorded(row, rb) is True) \
+        if row.within_tolerance is False and ra.slot.startswith("outputs") and ra.shape is not None \
+                and rb.shape is not None and _squeezed(ra.shape) == _squeezed(rb.shape) \
+                and not (as_recorded and _fits_as_recorded(row, rb) is True) \
                 and not (as_recorded and i < len(pcc) and (pcc[i] or 0.0) >= _CORRELATED) \
                 and values.similarity(ra, rb) >= 0.75:
             found = _fitting_order(trace_a, ra, trace_b, rb)
             if found is not None:
                 fitting[i] = found
+    # a graph node (llama.cpp's Vcur) is rotary-permuted only if a rotary op reads it: the same order on a tensor
+    # no rotary op reads is a mistake, not a layout (the q/k permutation applied to v)
+    fitting = {i: order for i, order in fitting.items() if feeds_rotary(jobs[i][2])}
     if not fitting:
         return {}
     witnessed = _witnessed(rows, jobs)
@@ -119,21 +125,52 @@ def _fitting_order(trace_a: Trace, ra: TensorRecord, trace_b: Trace, rb: TensorR
 
     from ...trace.payload import as_floats
 
-    error, values = RelativeError(b), as_floats(a.values, a.dtype, np.float64)
-    if error.of_floats(values) < _FITS:  # the recorded order fits (a port's noise): no other order is looked for
+    # B's shape: the same up to dimensions of size 1 (a graph runtime's [T, C] against transformers' [1, T, C])
+    shape: tuple[int, ...] = tuple(b.shape)
+    error, values = RelativeError(b), as_floats(a.values, a.dtype, np.float64).reshape(shape)
+    if error.of_floats(values) < _FITS or not shape:  # the recorded order fits (a port's noise): nothing else tried
         return None
-    size = ra.shape[-1]
+    size = shape[-1]
     rows = values.size // size
     head = min(rows, max(1, _SAMPLE // size))  # the first rows: an order is tried on all only if they fit
     part_a, part_b = values.reshape(rows, size)[:head], error.values.reshape(rows, size)[:head]
     best, best_err = None, _FITS
-    for order, on_part in zip(pair_orders(ra.shape), pair_orders((head, size))):
+    for order, on_part in zip(pair_orders(shape), pair_orders((head, size))):
         if error.between(on_part.apply(part_a), part_b) >= best_err:  # never below the error over all rows
             continue
         err = error.of_floats(order.apply(values))
         if err < best_err:
             best, best_err = order, err
     return best
+
+
+def feeds_rotary(node: Node) -> bool:
+    """False for a node of a graph block whose output no rotary op (``ROPE``) reads, through views and
+    reshapes; True for every other node (module calls do not say which op reads them)."""
+    block = node.parent
+    if block is None or block.module_type != GRAPH_BLOCK:
+        return True
+    readers: dict[str, list[Node]] = {}
+    for sibling in block.children:
+        for record in sibling.inputs():
+            if record.payload:
+                readers.setdefault(record.payload, []).append(sibling)
+    frontier, seen = [node], {id(node)}
+    while frontier:
+        current = frontier.pop()
+        for record in current.outputs():
+            for reader in readers.get(record.payload or "", []):
+                op = (reader.module_type or "").upper()
+                if "ROPE" in op:
+                    return True
+                if id(reader) not in seen and op in _VIEWS:
+                    seen.add(id(reader))
+                    frontier.append(reader)
+    return False
+
+
+def _squeezed(shape: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(n for n in shape if n != 1)
 
 
 def _witnessed(rows: Sequence[TensorComparison], jobs: Sequence[Job]) -> set[int]:

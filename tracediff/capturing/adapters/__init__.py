@@ -39,10 +39,11 @@ _lock = threading.Lock()
 
 def _builtin() -> list[Adapter]:
     from .jax import NnxAdapter
+    from .llama_cpp import LlamaCppAdapter
     from .mlx import MlxAdapter
     from .torch import TorchAdapter
 
-    return [TorchAdapter(), MlxAdapter(), NnxAdapter()]
+    return [TorchAdapter(), MlxAdapter(), NnxAdapter(), LlamaCppAdapter()]
 
 
 def register_adapter(adapter: Adapter) -> None:

@@ -72,12 +72,22 @@ def register(sub: Any) -> None:
                         "cores, else 0: written in the hook)")
     p.add_argument("--pool-mb", type=int, default=256, metavar="MB",
                    help="host memory for payloads waiting to be written (default 256; the forward waits when full)")
+    gguf = p.add_argument_group("a GGUF file as SPEC (llama.cpp: tracediff capture model.gguf --inputs FILE)")
+    gguf.add_argument("--kv-cache-type", choices=("f32", "f16", "bf16", "q8_0"),
+                      help="type of the KV cache's K and V (default llama.cpp's f16; f32 for a cache that "
+                           "rounds nothing)")
+    gguf.add_argument("--flash-attn", choices=("auto", "on", "off"), help="flash attention (default auto)")
+    gguf.add_argument("--threads", type=int, metavar="N", help="llama.cpp's threads (default llama-cpp-python's)")
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from ...capturing.inputs_map import parse_inputs_map
+    from ...capturing.model_file import is_model_file
     from ...capturing.spec import capture_spec
+
+    if is_model_file(args.spec):
+        return _run_model_file(args)
 
     try:
         session = capture_spec(args.spec, args.out, inputs=args.inputs, save_inputs_to=args.save_inputs,
@@ -107,6 +117,22 @@ def run(args: argparse.Namespace) -> int:
         else:
             print(f"verification failed: {'; '.join(v.differences)}", file=sys.stderr)
             return 1
+    return 0
+
+
+def _run_model_file(args: argparse.Namespace) -> int:
+    """``tracediff capture model.gguf --inputs FILE --out DIR``: a model that is a file, run on the file's inputs."""
+    from ...capturing.model_file import capture_file
+    from ...errors import UsageError
+
+    if args.inputs is None:
+        raise UsageError(f"{args.spec}: a model file needs --inputs FILE (the token ids, e.g. written by the "
+                         "reference side's --save-inputs)")
+    options = {"kv_cache_type": args.kv_cache_type, "flash_attn": args.flash_attn, "threads": args.threads}
+    session = capture_file(args.spec, args.out, inputs=args.inputs, tensors=args.tensors, overwrite=args.overwrite,
+                           options={k: v for k, v in options.items() if v is not None})
+    print(f"captured {session.calls} graph nodes into {session.trace_dir} ({session.files} payload files, "
+          f"{session.payload_bytes / 1e6:.1f} MB)")
     return 0
 
 

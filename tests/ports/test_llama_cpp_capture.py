@@ -1,0 +1,164 @@
+"""Capturing llama.cpp: the graph nodes of a decode, their payloads, dataflow and metadata; the refusals.
+
+The GGUF is the Llama family's clean F32 conversion (tests/ports/llama_cpp_harness.py).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tests.ports.llama_cpp_fixtures import LLAMA_CPP_PYTHON, require_llama_cpp
+from tests.ports.test_llama_cpp import INSTALL
+
+llama_cpp = require_llama_cpp(INSTALL)
+pytest.importorskip("gguf", reason=f"gguf is not installed (the llama extra): {INSTALL}")
+pytest.importorskip("sentencepiece", reason=f"sentencepiece is not installed (the llama extra): {INSTALL}")
+
+import tracediff  # noqa: E402
+from tests.ports.llama_cpp_harness import FAMILIES, TOKENS, GgufRun, _cli  # noqa: E402
+from tracediff.trace.load import load_trace  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> GgufRun:
+    return GgufRun(FAMILIES["llama"], tmp_path_factory.mktemp("llama-cpp-capture"))
+
+
+@pytest.fixture(scope="module")
+def f16_cache(run: GgufRun) -> Path:
+    """The clean GGUF captured from the command line with llama.cpp's default F16 KV cache."""
+    out = run.folder / "trace-f16-cache"
+    code, text = _cli(["capture", str(run.gguf("clean")), "--inputs", str(run.inputs()), "--out", str(out)])
+    assert code == 0, text
+    assert text.startswith("captured ") and "graph nodes" in text
+    return out
+
+
+def _children(trace_dir: Path) -> dict[str, list[dict]]:
+    """The step's graph nodes by path, as written (JSON), in evaluation order."""
+    tree = json.loads((trace_dir / "Llama_debug_tree_FULL_TENSORS.json").read_text())
+    nodes: dict[str, list[dict]] = {}
+    for child in tree["children"]:
+        nodes.setdefault(child["module_path"], []).append(child)
+    return nodes
+
+
+def test_nodes_of_a_decode(f16_cache: Path) -> None:
+    nodes = _children(f16_cache)
+    metadata = json.loads((f16_cache / "tracediff_metadata.json").read_text())
+    runtime = metadata["runtime"]
+    assert metadata["framework"] == "llama.cpp" and metadata["framework_version"] == LLAMA_CPP_PYTHON
+    assert runtime["architecture"] == "llama" and runtime["kv_cache_type"] == {"k": "f16", "v": "f16"}
+    assert runtime["hyperparameters"]["llama.block_count"] == "2"
+    assert runtime["weight_types"]["blk.0.attn_q.weight"] == "f32"
+    # llama.cpp's own names, split at their -N suffix into the block's scope; a name repeated gets call indices
+    for name in ("Llama.blk.0.attn_norm", "Llama.blk.1.l_out", "Llama.result_norm", "Llama.result_output"):
+        assert name in nodes, sorted(nodes)
+    qcur = nodes["Llama.blk.0.Qcur"]
+    assert [q["call_index"] for q in qcur] == list(range(len(qcur))) and len(qcur) >= 3
+    assert [q["module_type"] for q in qcur][0] == "MUL_MAT" and "ROPE" in [q["module_type"] for q in qcur]
+    rope = next(q for q in qcur if q["module_type"] == "ROPE")
+    assert rope["attributes"]["freq_base"] == 500000.0  # the GGUF's rope base, as the node used it
+    norm = nodes["Llama.blk.0.norm"][0]
+    assert norm["module_type"] == "RMS_NORM" and norm["attributes"]["eps"] == pytest.approx(1e-6, rel=1e-6)
+    # torch's dimension order: [T, hidden] (ggml's ne [hidden, T] reversed)
+    assert nodes["Llama.blk.0.attn_norm"][0]["outputs"]["shape"] == f"[{TOKENS.shape[1]}, 64]"
+    # dataflow: attn_norm reads norm's output (an earlier node) and its weight (external)
+    sources = nodes["Llama.blk.0.attn_norm"][0]["sources"]
+    assert {"module_path": "Llama.blk.0.norm", "call_index": 0} in sources
+    assert {"external": "blk.0.attn_norm.weight"} in sources
+    # the KV cache is F16 by default: the cache views keep their dtype
+    dtypes = {child["outputs"]["dtype"] for path, calls in nodes.items() if "cache_k" in path for child in calls}
+    assert "torch.float16" in dtypes
+
+
+def test_attn_norm_equals_transformers(run: GgufRun, f16_cache: Path) -> None:
+    """llama.cpp's first attention norm and transformers' ``input_layernorm`` compute the same sum of 64
+    squares, then a scale: float32 rounding, each term within 64 * 2**-24 relative (any summation order),
+    bounds them by 64 * 2**-24 ~ 3.8e-6 relative, plus one rounding of each product."""
+    model = run.family.reference()
+    seen: dict[str, torch.Tensor] = {}
+    model.model.layers[0].input_layernorm.register_forward_hook(lambda m, i, o: seen.setdefault("norm", o))
+    with torch.no_grad():
+        model(input_ids=TOKENS)
+    trace = load_trace(f16_cache)
+    node = next(n for n in trace.nodes() if n.module_path == "Llama.blk.0.attn_norm")
+    ours = trace.load(node.outputs()[0])
+    reference = seen["norm"][0]
+    bound = (64 + 2) * 2.0 ** -24 * reference.abs().max().item()
+    assert (ours - reference).abs().max().item() <= bound
+
+
+def test_library_capture_restores_the_llama(run: GgufRun, tmp_path: Path) -> None:
+    llm = llama_cpp.Llama(model_path=str(run.gguf("clean")), n_ctx=64, logits_all=True, verbose=False,
+                          type_k=0, type_v=0)
+    own = llm._ctx
+    with tracediff.capture(llm, tmp_path / "t") as session:
+        llm.eval(TOKENS[0].tolist()[:4])
+        llm.eval(TOKENS[0].tolist()[4:])
+    assert llm._ctx is own and llm.n_tokens == 0
+    assert session.complete
+    trace = load_trace(tmp_path / "t")
+    assert trace.root_steps == [0, 1]  # each decode call is a step
+    logits = [n for n in trace.nodes() if n.module_path == "Llama.result_output"]
+    assert [list(trace.load(n.outputs()[0]).shape) for n in logits] == [[4, 300], [4, 300]]
+    runtime = json.loads((tmp_path / "t" / "tracediff_metadata.json").read_text())["runtime"]
+    assert runtime["kv_cache_type"] == {"k": "f32", "v": "f32"}
+
+
+def test_bad_gguf_exits_2(run: GgufRun, tmp_path: Path) -> None:
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"GGUF" + b"\x03\x00\x00\x00" + b"\xff" * 64)
+    code, text = _cli(["capture", str(broken), "--inputs", str(run.inputs()), "--out", str(tmp_path / "o")])
+    assert code == 2
+    assert text.strip().splitlines() == [f"tracediff: {broken}: llama.cpp could not load it: "
+                                         "Failed to load model from file: " + str(broken)]
+    assert not (tmp_path / "o").exists()
+    other = tmp_path / "other.gguf"
+    other.write_bytes(b"PK\x03\x04zip")
+    code, text = _cli(["capture", str(other), "--inputs", str(run.inputs()), "--out", str(tmp_path / "o")])
+    assert code == 2
+    assert text.strip() == f"tracediff: {other}: not a GGUF file (it starts with b'PK\\x03\\x04', not b'GGUF')"
+
+
+def test_inputs_without_token_ids_exit_2(run: GgufRun, tmp_path: Path) -> None:
+    from safetensors.torch import save_file
+
+    wrong = tmp_path / "wrong.safetensors"
+    save_file({"args.0": torch.zeros(1, 4), "kwargs.mask": torch.ones(1, 4)}, str(wrong))
+    code, text = _cli(["capture", str(run.gguf("clean")), "--inputs", str(wrong), "--out", str(tmp_path / "o")])
+    assert code == 2
+    assert text.strip() == ("tracediff: inputs: expected the token ids as kwargs.input_ids or as the only integer "
+                            "tensor, found args.0, kwargs.mask")
+    assert not (tmp_path / "o").exists()
+
+
+def test_llama_cpp_python_without_the_callback_exits_2(run: GgufRun, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delattr(llama_cpp, "ggml_backend_sched_eval_callback")
+    code, text = _cli(["capture", str(run.gguf("clean")), "--inputs", str(run.inputs()), "--out", str(tmp_path / "o")])
+    assert code == 2
+    assert text.strip().startswith(f"tracediff: llama-cpp-python {LLAMA_CPP_PYTHON} has no eval callback "
+                                   "(llama_context_params.cb_eval)")
+
+
+def test_tracediff_align_and_show_never_import_llama_cpp(f16_cache: Path) -> None:
+    code = ("import sys, tracediff; t = tracediff.load_trace(sys.argv[1]); tracediff.show(sys.argv[1]); "
+            "assert 'llama_cpp' not in sys.modules, 'imported'")
+    result = subprocess.run([sys.executable, "-c", code, str(f16_cache)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+
+
+def test_payload_dtypes_kept(f16_cache: Path) -> None:
+    trace = load_trace(f16_cache)
+    dtypes = {record.dtype for node in trace.nodes() for record in node.outputs()}
+    assert {"torch.float32", "torch.float16", "torch.int32"} <= dtypes or {"torch.float32", "torch.float16"} <= dtypes
+    node = next(n for n in trace.nodes() if n.module_path == "Llama.embd")
+    assert np.isfinite(trace.load(node.outputs()[0]).numpy()).all()

@@ -1,0 +1,199 @@
+"""Reading a ``struct ggml_tensor`` (ggml.h) through ctypes: what the llama.cpp adapter records of a graph node.
+
+llama.cpp's eval callback hands a pointer to the node it just computed. Its layout is ggml.h's::
+
+    enum ggml_type type; ggml_backend_buffer * buffer; int64_t ne[4]; size_t nb[4]; enum ggml_op op;
+    int32_t op_params[16]; int32_t flags; ggml_tensor * src[10]; ggml_tensor * view_src; size_t view_offs;
+    void * data; char name[64]; void * extra; char padding[8];
+
+``ne`` counts elements innermost first and ``nb`` gives the byte strides: torch's shape and strides are
+both reversed. The data of a node computed on the CPU backend is host memory; it is copied at once (ggml
+reuses a node's memory for later nodes). Element types a host array holds as they are (F32, F16, BF16,
+integers) keep their dtype; a quantized type (a Q8_0 KV cache) is dequantized to float32 by ggml's own
+``to_float``, and the node says so.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import struct
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+MAX_DIMS, MAX_SRC, MAX_OP_PARAMS, MAX_NAME = 4, 10, 64, 64
+
+# ggml_type values of ggml.h whose elements numpy holds directly (BF16 travels as its 16 bits)
+_PLAIN_TYPES: dict[int, str] = {0: "float32", 1: "float16", 24: "int8", 25: "int16", 26: "int32", 27: "int64",
+                                28: "float64", 30: "bfloat16"}
+GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_BF16, GGML_TYPE_Q8_0 = 0, 1, 30, 8
+
+
+class GgmlTensor(ctypes.Structure):
+    """ggml.h's ``struct ggml_tensor``."""
+
+
+GgmlTensor._fields_ = [
+    ("type", ctypes.c_int),
+    ("buffer", ctypes.c_void_p),
+    ("ne", ctypes.c_int64 * MAX_DIMS),
+    ("nb", ctypes.c_size_t * MAX_DIMS),
+    ("op", ctypes.c_int),
+    ("op_params", ctypes.c_int32 * (MAX_OP_PARAMS // 4)),
+    ("flags", ctypes.c_int32),
+    ("src", ctypes.POINTER(GgmlTensor) * MAX_SRC),
+    ("view_src", ctypes.POINTER(GgmlTensor)),
+    ("view_offs", ctypes.c_size_t),
+    ("data", ctypes.c_void_p),
+    ("name", ctypes.c_char * MAX_NAME),
+    ("extra", ctypes.c_void_p),
+    ("padding", ctypes.c_char * 8),
+]
+
+
+class GgmlLibrary:
+    """The few ggml functions the adapter calls: op and type names, dimensions, dequantization."""
+
+    def __init__(self, handle: ctypes.CDLL) -> None:
+        self._op_desc = handle.ggml_op_desc
+        self._op_desc.argtypes, self._op_desc.restype = [ctypes.c_void_p], ctypes.c_char_p
+        self._type_name = handle.ggml_type_name
+        self._type_name.argtypes, self._type_name.restype = [ctypes.c_int], ctypes.c_char_p
+        self._n_dims = handle.ggml_n_dims
+        self._n_dims.argtypes, self._n_dims.restype = [ctypes.c_void_p], ctypes.c_int
+        self._handle = handle
+        self._dequantizers: dict[int, Any] = {}
+
+    def op(self, address: int) -> str:
+        return (self._op_desc(address) or b"?").decode("ascii", "replace")
+
+    def type_name(self, ggml_type: int) -> str:
+        return (self._type_name(ggml_type) or b"?").decode("ascii", "replace")
+
+    def n_dims(self, address: int) -> int:
+        return int(self._n_dims(address))
+
+    def dequantize(self, ggml_type: int, address: int, count: int) -> np.ndarray:
+        """``count`` elements of a quantized row block at ``address`` as float32 (ggml's ``to_float``)."""
+        to_float = self._dequantizers.get(ggml_type)
+        if to_float is None:
+            traits = self._handle.ggml_get_type_traits
+            traits.argtypes, traits.restype = [ctypes.c_int], ctypes.POINTER(_TypeTraits)
+            pointer = traits(ggml_type).contents.to_float
+            if not pointer:
+                raise ValueError(f"ggml type {self.type_name(ggml_type)} has no to_float")
+            to_float = _TO_FLOAT(pointer)
+            self._dequantizers[ggml_type] = to_float
+        out = np.empty(count, dtype=np.float32)
+        to_float(address, out.ctypes.data, count)
+        return out
+
+
+_TO_FLOAT = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)
+
+
+class _TypeTraits(ctypes.Structure):
+    # ggml.h's struct ggml_type_traits: type_name, blck_size, blck_size_interleave, type_size, is_quantized,
+    # to_float, from_float_ref
+    _fields_ = [("type_name", ctypes.c_char_p), ("blck_size", ctypes.c_int64),
+                ("blck_size_interleave", ctypes.c_int64), ("type_size", ctypes.c_size_t),
+                ("is_quantized", ctypes.c_bool), ("to_float", ctypes.c_void_p), ("from_float_ref", ctypes.c_void_p)]
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """One computed node as the adapter records it."""
+
+    address: int
+    name: str
+    op: str
+    type_name: str
+    shape: tuple[int, ...]  # torch's order: ne reversed, trailing 1s of ne dropped
+    sources: tuple[int, ...]  # addresses of the tensors it read
+    source_names: dict[int, str]
+    source_types: dict[int, str]  # ggml type names (a weight's: F32, F16, Q8_0)
+    attributes: dict[str, Any]
+
+
+def view(lib: GgmlLibrary, address: int) -> tuple[NodeView, GgmlTensor]:
+    """The node at ``address`` (its struct and what the adapter needs of it), without its data."""
+    tensor = GgmlTensor.from_address(address)
+    n_dims = lib.n_dims(address)
+    sources: list[int] = []
+    names: dict[int, str] = {}
+    types: dict[int, str] = {}
+    for pointer in tensor.src:
+        if not pointer:
+            continue  # a missing optional source (ggml leaves a gap, as ROPE's frequency factors)
+        src = ctypes.cast(pointer, ctypes.c_void_p).value or 0
+        sources.append(src)
+        names[src] = pointer.contents.name.decode("utf-8", "replace")
+        types[src] = lib.type_name(pointer.contents.type)
+    op = lib.op(address)
+    node = NodeView(address=address, name=tensor.name.decode("utf-8", "replace"), op=op,
+                    type_name=lib.type_name(tensor.type), shape=tuple(int(n) for n in tensor.ne[:n_dims])[::-1],
+                    sources=tuple(sources), source_names=names, source_types=types,
+                    attributes=op_attributes(op, tensor))
+    return node, tensor
+
+
+def op_attributes(op: str, tensor: GgmlTensor) -> dict[str, Any]:
+    """The op parameters that change numerics, by name (eps, rope mode and base, attention scale)."""
+    raw = bytes(tensor.op_params)
+
+    def floats(first: int, count: int) -> tuple[float, ...]:
+        return struct.unpack_from(f"<{count}f", raw, 4 * first)
+
+    def ints(first: int, count: int) -> tuple[int, ...]:
+        return struct.unpack_from(f"<{count}i", raw, 4 * first)
+
+    if op in ("RMS_NORM", "NORM"):
+        return {"eps": floats(0, 1)[0]}
+    if op in ("ROPE", "ROPE_BACK"):
+        n_dims, mode, _, n_ctx_orig = ints(1, 4)
+        freq_base, freq_scale, ext_factor, attn_factor = floats(5, 4)
+        return {"n_dims": n_dims, "rope_mode": mode, "n_ctx_orig": n_ctx_orig, "freq_base": freq_base,
+                "freq_scale": freq_scale, "ext_factor": ext_factor, "attn_factor": attn_factor}
+    if op == "SOFT_MAX":
+        scale, max_bias = floats(0, 2)
+        return {"scale": scale, "max_bias": max_bias}
+    if op == "FLASH_ATTN_EXT":
+        scale, max_bias, softcap = floats(0, 3)
+        return {"scale": scale, "max_bias": max_bias, "logit_softcap": softcap}
+    if op == "SCALE":
+        scale, bias = floats(0, 2)
+        return {"scale": scale, "bias": bias}
+    return {}
+
+
+def read_data(lib: GgmlLibrary, tensor: GgmlTensor, shape: tuple[int, ...]) -> np.ndarray:
+    """A copy of the node's host data in torch's order (``shape``), of its own dtype; quantized: float32.
+
+    BF16 comes back as its 16 bits (``uint16``): the caller views them as bfloat16. Raises ValueError for a
+    node without host data.
+    """
+    if not tensor.data:
+        raise ValueError("no data (not computed on the host)")
+    dtype_name = _PLAIN_TYPES.get(tensor.type)
+    if dtype_name is None:
+        return _dequantized(lib, tensor, shape)
+    storage = np.dtype("uint16") if dtype_name == "bfloat16" else np.dtype(dtype_name)
+    if 0 in shape:
+        return np.empty(shape, dtype=storage)
+    strides = tuple(int(s) for s in tensor.nb[:len(shape)])[::-1]
+    extent = storage.itemsize + sum((n - 1) * s for n, s in zip(shape, strides))
+    buffer = memoryview((ctypes.c_char * extent).from_address(tensor.data)).cast("B")
+    return np.ndarray(shape, dtype=storage, buffer=buffer, strides=strides).copy()
+
+
+def _dequantized(lib: GgmlLibrary, tensor: GgmlTensor, shape: tuple[int, ...]) -> np.ndarray:
+    """A quantized node's rows (ne[0] elements each, contiguous within a row) as float32, in torch's order."""
+    n_dims = len(shape)
+    ne = [int(n) for n in tensor.ne[:n_dims]]
+    nb = [int(s) for s in tensor.nb[:n_dims]]
+    rows = np.empty((int(np.prod(ne[1:], dtype=np.int64)) if n_dims > 1 else 1, ne[0]), dtype=np.float32)
+    for index, offsets in enumerate(np.ndindex(*ne[1:][::-1]) if n_dims > 1 else [()]):
+        offset = sum(i * s for i, s in zip(offsets[::-1], nb[1:]))
+        rows[index] = lib.dequantize(tensor.type, tensor.data + offset, ne[0])
+    return rows.reshape(shape)
