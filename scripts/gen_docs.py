@@ -41,6 +41,7 @@ SECTIONS = {
     "tracediff.trace": "Reading traces",
     "tracediff.alignment": "Align",
     "tracediff.replaying": "Replay",
+    "tracediff.attribution": "Attribute",
     "tracediff.steps": "Training runs",
     "tracediff.show": "Show",
     "tracediff.importers": "Import",

@@ -35,14 +35,16 @@ ALLOWED: dict[str, set[str]] = {
     "show": {"base", "files", "trace"},
     "steps": {"base", "files", "trace", "capturing", "compare"},
     "replaying": {*_CORE_BELOW_ALIGNMENT, "capturing", "alignment"},
-    "render": {*_CORE_BELOW_ALIGNMENT, "capturing", "alignment", "show", "steps", "replaying"},
+    "attribution": {*_CORE_BELOW_ALIGNMENT, "capturing", "alignment", "replaying"},
+    "render": {*_CORE_BELOW_ALIGNMENT, "capturing", "alignment", "show", "steps", "replaying", "attribution"},
     "demo": {*_CORE_BELOW_ALIGNMENT, "capturing", "alignment", "render"},
     "cli": {*_CORE_BELOW_ALIGNMENT, "capturing", "importers", "alignment", "show", "steps", "replaying", "render",
-            "demo"},
-    "entry": {*_CORE_BELOW_ALIGNMENT, "capturing", "importers", "alignment", "show", "steps", "replaying", "cli"},
+            "demo", "attribution"},
+    "entry": {*_CORE_BELOW_ALIGNMENT, "capturing", "importers", "alignment", "show", "steps", "replaying", "cli",
+              "attribution"},
 }
 CORE = {"base", "files", "trace", "capturing", "importers", "maps", "compare", "sharding", "alignment", "show", "steps",
-        "replaying"}
+        "replaying", "attribution"}
 BASE_MODULES = {"errors", "format", "display", "_version", "order"}
 #: Inside alignment: what each part may import of the others (besides itself).
 ALIGNMENT_PARTS: dict[str, set[str]] = {

@@ -130,6 +130,10 @@ class Attribution:
                 f"{len(self.skipped)} skipped{top})")
 
     def _repr_html_(self) -> str:
-        from ..render.attribution import render_html
+        from ..display import summary_html
 
-        return render_html(self)
+        facts = [("trace A", self.trace_a), ("model B", self.model_b), ("final error", self.final_error.describe()),
+                 ("ranked", f"{len(self.ranking)} ({self.granularity})"), ("skipped", len(self.skipped))]
+        facts += [(f"#{c.rank}", f"{c.module_path} (call {c.call_index}): {c.share:.1%} of the final error")
+                  for c in self.ranking[:5]]
+        return summary_html("tracediff attribute", facts)
