@@ -69,7 +69,7 @@ def test_nodes_of_a_decode(f16_cache: Path) -> None:
     norm = nodes["Llama.blk.0.norm"][0]
     assert norm["module_type"] == "RMS_NORM" and norm["attributes"]["eps"] == pytest.approx(1e-6, rel=1e-6)
     # torch's dimension order: [T, hidden] (ggml's ne [hidden, T] reversed)
-    assert nodes["Llama.blk.0.attn_norm"][0]["outputs"]["shape"] == f"[{TOKENS.shape[1]}, 64]"
+    assert nodes["Llama.blk.0.attn_norm"][0]["outputs"]["shape"] == f"torch.Size([{TOKENS.shape[1]}, 64])"
     # dataflow: attn_norm reads norm's output (an earlier node) and its weight (external)
     sources = nodes["Llama.blk.0.attn_norm"][0]["sources"]
     assert {"module_path": "Llama.blk.0.norm", "call_index": 0} in sources

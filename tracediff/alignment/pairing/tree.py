@@ -29,6 +29,7 @@ import re
 from dataclasses import dataclass, field
 
 from ...maps.rules import RenameRules, apply_rename
+from ...trace.graph_scopes import GRAPH_BLOCK
 from ...trace.model import Node
 from .evidence import (
     Values,
@@ -182,6 +183,8 @@ class TreePairing:
             return
         lines_a = [self._items(self.children(a, "a"), a) for a, _ in scope]
         lines_b = [self._items(self.children(b, "b"), b) for _, b in scope]
+        lines_b = [self._in_value_order(line_b, line_a) if b.module_type == GRAPH_BLOCK else line_b
+                   for line_a, line_b, (_, b) in zip(lines_a, lines_b, scope)]
         if len(scope) > 1 and not (_same_template(lines_a, scope, 0) and _same_template(lines_b, scope, 1)):
             for pair in scope:  # instances that differ in what they call pair one by one
                 self._pair_scope([pair])
@@ -199,6 +202,8 @@ class TreePairing:
                     continue
                 new_a = [self._dissolve(line, take_a, "a") for line in lines_a]
                 new_b = [self._dissolve(line, take_b, "b") for line in lines_b]
+                new_b = [self._in_value_order(line_b, line_a) if b.module_type == GRAPH_BLOCK else line_b
+                         for line_a, line_b, (_, b) in zip(new_a, new_b, scope)]
                 if len({len(line) for line in new_a}) > 1 or len({len(line) for line in new_b}) > 1:
                     continue  # the instances open into different calls: they no longer line up as one
                 found, score = self._line_up(new_a, new_b)
@@ -228,6 +233,27 @@ class TreePairing:
             for x, y in filled:
                 self._add(x, y, "shape")
             self._pair_scope(filled)
+
+    def _in_value_order(self, line_b: list[Item], line_a: list[Item]) -> list[Item]:
+        """A graph block's nodes in the order of the calls of A they hold the values of.
+
+        A graph runtime's evaluation order among nodes that do not depend on each other is its scheduler's
+        (llama.cpp evaluates ``Vcur`` before ``Kcur``), not the model's: each node whose main output agrees
+        with exactly one call of A (values, any layout) moves to that call's place; the nodes after it that
+        agree with none move with it."""
+        keys: list[float] = []
+        key = -1.0
+        for item in line_b:
+            record_b = main_output(item) if isinstance(item, Node) else None
+            if record_b is not None:
+                close = [j for j, other in enumerate(line_a) if isinstance(other, Node)
+                         and (record_a := main_output(other)) is not None
+                         and self.values.similarity(record_a, record_b) >= 1.0]
+                if len(close) == 1:
+                    key = float(close[0])
+            keys.append(key)
+        order = sorted(range(len(line_b)), key=lambda i: (keys[i], i))
+        return [line_b[i] for i in order]
 
     def _fill_gaps(self, lines_a: list[list[Item]], lines_b: list[list[Item]], matched: list[tuple[int, int, str]]
                    ) -> list[list[tuple[Node, Node]]]:

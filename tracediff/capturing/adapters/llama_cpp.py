@@ -277,7 +277,7 @@ class LlamaCppAdapter(AdapterBase):
 
         ``options``: ``kv_cache_type`` (one of ``KV_CACHE_TYPES``, K and V; default llama.cpp's f16),
         ``flash_attn`` (``"auto"``, ``"on"``, ``"off"``; default llama.cpp's auto), ``threads`` (default
-        llama-cpp-python's), ``n_ctx`` (default 512). Raises UsageError for a file that is no GGUF or that
+        llama-cpp-python's), ``n_ctx`` (default 0: the model's training context). Raises UsageError for a file that is no GGUF or that
         llama.cpp cannot load.
         """
         check_gguf(path)
@@ -289,7 +289,7 @@ class LlamaCppAdapter(AdapterBase):
         flash = str(options.get("flash_attn") or "auto")
         if flash not in _FLASH_ATTN:
             raise UsageError(f"flash_attn={flash!r}: expected auto, on or off")
-        settings: dict[str, Any] = {"model_path": str(path), "n_ctx": int(options.get("n_ctx") or 512),
+        settings: dict[str, Any] = {"model_path": str(path), "n_ctx": int(options.get("n_ctx") or 0),
                                     "n_gpu_layers": 0, "logits_all": True, "verbose": False,
                                     "type_k": _GGML_TYPES[kv], "type_v": _GGML_TYPES[kv]}
         if options.get("threads"):
