@@ -4,11 +4,13 @@ A transformers model is built from a tiny config with seeded random weights, sav
 sentencepiece tokenizer, and converted by llama.cpp's own ``convert_hf_to_gguf.py`` to an F32 GGUF
 (tests/ports/llama_cpp_fixtures.py). Both sides run the same token ids: A under ``tracediff.capture`` (its
 inputs saved as ``--save-inputs`` would), B through ``tracediff capture model.gguf --inputs FILE`` with an F32
-KV cache and flash attention off (ggml's CPU flash attention rounds: docs/frameworks.md). A mistake is an edit of the GGUF in place with gguf-py (``GGUFReader(path, "r+")``): a tensor's
-values (what a converter writes wrong) or a metadata value (what it writes wrong or loses). Every case is
+KV cache and flash attention off (ggml's CPU flash attention rounds: docs/frameworks.md). A mistake is an
+edit of the GGUF in place with gguf-py (``GGUFReader(path, "r+")``): a tensor's values (what a converter
+writes wrong) or a metadata value (what it writes wrong or loses). Every case is
 aligned with zero options (``tracediff align A B``). A case is right as in the torch suite
 (tests/ports/harness.py): clean exits 0, a mistake exits 1 with its first divergence at the expected module
-of A (transformers' path, relative to the root) or inside it, while the clean conversion passes.
+of A (transformers' path, relative to the root) or inside it, while the clean conversion passes (Gemma 2's
+clean conversion diverges at its activation instead: ggml's GELU table, ``Family.clean_module``).
 """
 
 from __future__ import annotations
