@@ -277,8 +277,8 @@ class LlamaCppAdapter(AdapterBase):
 
         ``options``: ``kv_cache_type`` (one of ``KV_CACHE_TYPES``, K and V; default llama.cpp's f16),
         ``flash_attn`` (``"auto"``, ``"on"``, ``"off"``; default llama.cpp's auto), ``threads`` (default
-        llama-cpp-python's), ``n_ctx`` (default 0: the model's training context). Raises UsageError for a file that is no GGUF or that
-        llama.cpp cannot load.
+        llama-cpp-python's), ``n_ctx`` (default 0: the model's training context). Raises UsageError for a
+        file that is no GGUF or that llama.cpp cannot load.
         """
         check_gguf(path)
         llama_cpp = _import_llama_cpp()
