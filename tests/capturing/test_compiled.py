@@ -270,3 +270,36 @@ def test_compiled_generation_with_a_static_cache_is_captured_step_by_step(tmp_pa
     # one graph for the prompt, one for every decode step (the static cache keeps their shapes)
     assert found["during_capture"]["graphs"] == 2 and found["during_capture"]["graph_breaks"] == 0
     assert tracediff.align(tmp_path / "eager", tmp_path / "compiled").passed
+
+
+
+class Marked(nn.Module):
+    """A value that says whether this module ran compiled (+1) or not."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * 2 + (1.0 if torch.compiler.is_compiling() else 0.0)
+
+
+class ManyMarked(nn.Module):
+    def __init__(self, count: int) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList([Marked() for _ in range(count)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+def test_modules_compiled_one_frame_each_stay_compiled_past_the_recompile_limit(tmp_path: Path) -> None:
+    # backward=True puts a backward hook on every module: Dynamo then runs each module's call itself and
+    # compiles its forward as a frame of its own; more of them than Dynamo's recompile limit.
+    count = torch._dynamo.config.recompile_limit + 2
+    model, x = ManyMarked(count), torch.ones(4, requires_grad=True)
+    compiled = torch.compile(model, backend="aot_eager", dynamic=False)
+    expected = compiled(x)  # without capture: every block ran compiled
+    with tracediff.capture(compiled, tmp_path / "compiled", backward=True) as session:
+        y = compiled(x)
+        y.sum().backward()
+    assert torch.equal(y, expected), "a module ran eager under capture"
+    assert session.complete and session.calls == count + 1

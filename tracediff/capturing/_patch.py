@@ -15,14 +15,15 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import types
 from collections.abc import Callable, Iterator
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import torch
 from torch import nn
 
 from .compiled import patch_plan
-from .record_op import recorded_in_graph, register_site, release_sites
+from .record_op import recorded_in_graph, register_site, release_sites, site_code
 
 _MISSING = object()
 
@@ -90,6 +91,8 @@ class ForwardPatch:
             observer.exit(token, out)
             return out
 
+        function = cast(types.FunctionType, forward)  # Dynamo's compiled variants are kept per code object
+        function.__code__ = site_code(site, function.__code__)
         return forward
 
     def restore(self) -> None:

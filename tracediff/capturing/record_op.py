@@ -25,6 +25,7 @@ import json
 import threading
 import weakref
 from collections.abc import Callable
+from types import CodeType
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -96,6 +97,7 @@ _SITES: dict[int, _Site] = {}  # the sites of the captures under way
 # module -> (attribute, path) -> its site number, the same in every capture: the number is a constant of the
 # graph, and Dynamo guards on it, so a model captured again runs the graph compiled for the first capture.
 _SITE_NUMBERS: weakref.WeakKeyDictionary[Any, dict[tuple[str, str], int]] = weakref.WeakKeyDictionary()
+_SITE_CODES: dict[int, CodeType] = {}
 _NEXT_SITE = itertools.count()
 _SITES_LOCK = threading.Lock()
 
@@ -109,6 +111,16 @@ def register_site(module: Any, path: str, observer: CallObserver, attribute: str
             site = numbers[(attribute, path)] = next(_NEXT_SITE)
         _SITES[site] = _Site(module, path, observer)
     return site
+
+
+def site_code(site: int, code: CodeType) -> CodeType:
+    """The code object of ``site``'s wrapper: one per site, the same in every capture.
+
+    Dynamo keeps the variants it compiled per code object. A frame that starts at a wrapper (after a graph
+    break) would otherwise count every module against one recompile limit, and a wrapper made with new
+    code at each capture would be compiled anew at each capture."""
+    with _SITES_LOCK:
+        return _SITE_CODES.setdefault(site, code.replace())
 
 
 def release_sites(sites: list[int]) -> None:
