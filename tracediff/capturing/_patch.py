@@ -17,25 +17,16 @@ import contextlib
 import functools
 import types
 from collections.abc import Callable, Iterator
-from typing import Any, Protocol, cast
+from typing import Any, cast
 
 import torch
 from torch import nn
 
 from .compiled import patch_plan
+from .observer import CallObserver
 from .record_op import recorded_in_graph, register_site, release_sites, site_code
 
 _MISSING = object()
-
-
-class CallObserver(Protocol):
-    """What a patched call reports to (a torch or an MLX module). None of these may raise."""
-
-    def enter(self, module: Any, path: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any: ...
-
-    def exit(self, token: Any, output: Any) -> None: ...
-
-    def error(self, token: Any, exc: BaseException) -> None: ...
 
 
 class ForwardPatch:

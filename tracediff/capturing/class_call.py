@@ -16,7 +16,7 @@ import weakref
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from ._patch import CallObserver
+from .observer import CallObserver
 
 _MISSING = object()
 

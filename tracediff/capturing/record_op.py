@@ -32,7 +32,7 @@ import torch
 from torch._library.effects import EffectType
 
 if TYPE_CHECKING:
-    from ._patch import CallObserver
+    from .observer import CallObserver
 
 ENTER = 0
 EXIT = 1

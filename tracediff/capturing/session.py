@@ -56,7 +56,6 @@ from .._version import __version__
 from ..display import short_repr, summary_html
 from ..errors import TracediffError, UsageError
 from ..files.atomic import ensure_writable_dir, write_json
-from ._patch import CallObserver
 from ._tree import prune_intermediate_layers
 from .adapters import Adapter, adapter_for, check_options
 from .adapters.base import ADAPTER_METADATA
@@ -69,6 +68,7 @@ from .encode import Encoder, TensorMode
 from .graph import GraphNodes
 from .journal import Journal, claim_folder, held_claim
 from .kv_cache import with_cache_layer
+from .observer import CallObserver
 from .ops import op_capture, select_ops
 from .parallel_layouts import mark, model_mesh, style_layouts
 from .pipeline import DEFAULT_POOL_MB, check_pipeline_options, close_pipeline, payload_pipeline

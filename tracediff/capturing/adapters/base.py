@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ...errors import UsageError
-from .._patch import CallObserver
 from ..graph import GraphNodeSink
+from ..observer import CallObserver
 
 if TYPE_CHECKING:
     import torch

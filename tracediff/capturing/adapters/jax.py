@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from .._patch import CallObserver
 from ..class_call import ClassCallPatch, HostCopies, module_paths, replace_arrays
+from ..observer import CallObserver
 from ..signatures import forward_parameters
 from .base import AdapterBase, Installed, Recorder
 

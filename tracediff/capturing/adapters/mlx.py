@@ -27,8 +27,8 @@ import numpy as np
 import torch
 
 from ...errors import UsageError
-from .._patch import CallObserver
 from ..class_call import ClassCallPatch, HostCopies, module_paths, replace_arrays
+from ..observer import CallObserver
 from ..signatures import forward_parameters
 from .base import AdapterBase, Installed, Recorder
 
