@@ -125,3 +125,25 @@ class LossyRun:
     def _trace(model: torch.nn.Module, out: Path) -> None:
         with torch.no_grad(), tracediff.capture(model, out):
             model(input_ids=TOKENS)
+
+
+def f16_cache_cost(root: Path) -> str:
+    """One line: what llama.cpp's default F16 KV cache costs against an F32 cache, on the same F32 GGUF."""
+    from tests.ports.llama_cpp_harness import FAMILIES
+
+    lossy = LossyRun(GgufRun(FAMILIES["llama"], root))
+    gguf = lossy.gguf("f32")
+    result = tracediff.align(lossy.llama_cpp(gguf), lossy.llama_cpp(gguf, kv_cache="f16"))
+    changed = [row for row in result.rows if row.max_abs_err]
+    logits = max(row.max_abs_err or 0.0 for row in result.rows if row.module_path_a.endswith("result_output")
+                 and row.tensor == "outputs")
+    first = changed[0]
+    return (f"F16 KV cache against F32 (same GGUF, flash attention off): logits max_abs_err={logits:.3g}; first "
+            f"changed at {first.module_path_a} {first.tensor} (max_abs_err={first.max_abs_err:.3g}); first "
+            f"divergence at {result.first_divergence.module_path_a if result.first_divergence else None}")
+
+
+if __name__ == "__main__":
+    import sys
+
+    print(f16_cache_cost(Path(sys.argv[1])))
