@@ -1,12 +1,13 @@
-"""Lossy llama.cpp runs (F16 and Q8_0 GGUFs, the default F16 KV cache) judged with ``--baseline``.
+"""Lossy llama.cpp runs (F16, BF16 and Q8_0 GGUFs, the default F16 KV cache) judged with ``--baseline``.
 
 A is the float32 transformers Llama, B llama.cpp on a lossy run of its conversion, N the reference under B's
 rounding (tests/ports/llama_cpp_baseline.py). Without N a clean lossy run diverges; with N it passes, and a
 mistake planted in the lossy GGUF is still named at its module of A.
 
-Why the verdicts hold on any x86-64 CPU: ggml's CPU matmul with F16 weights rounds its activations to float16
-too (F16's ``vec_dot_type``), so B's error at a projection is the weight rounding N makes plus one more rounding
-of the same size (2**-11 relative per term): at most about twice N's floor, within the noise factor 3. The F16
+Why the verdicts hold on any x86-64 CPU: ggml's CPU matmul with F16 (BF16) weights rounds its activations to
+float16 (bfloat16) too (the type's ``vec_dot_type``), so B's error at a projection is the weight rounding N makes
+plus one more rounding of the same size (2**-11, 2**-8 relative per term): at most about twice N's floor,
+within the noise factor 3. The F16
 KV cache rounds K, V, Q and the attention weights once each to float16; N in float16 rounds those and every
 other tensor, so its floor is at least the cache's error. The planted mistakes change values by far more than
 a float16 rounding (swapped matrices, a tenfold eps, another matrix).
@@ -29,6 +30,7 @@ from tests.ports.llama_cpp_baseline import LossyRun  # noqa: E402
 from tests.ports.llama_cpp_harness import FAMILIES, GgufRun  # noqa: E402
 
 LLAMA = FAMILIES["llama"]
+HALF = ("f16", "bf16")  # the converter's --outtype; gguf-py's type is its upper case
 PLANTED = ("gate-up-swapped", "norm-eps", "output-tied", "v-permuted")
 
 
@@ -37,22 +39,25 @@ def lossy(tmp_path_factory: pytest.TempPathFactory) -> LossyRun:
     return LossyRun(GgufRun(LLAMA, tmp_path_factory.mktemp("llama-cpp-lossy")))
 
 
-def test_f16_gguf_diverges_without_baseline(lossy: LossyRun) -> None:
-    judged = lossy.align(lossy.llama_cpp(lossy.gguf("f16")))
+@pytest.mark.parametrize("outtype", HALF)
+def test_half_gguf_diverges_without_baseline(lossy: LossyRun, outtype: str) -> None:
+    judged = lossy.align(lossy.llama_cpp(lossy.gguf(outtype)))
     assert judged.exit_code == 1 and judged.module is not None, judged
 
 
+@pytest.mark.parametrize("outtype", HALF)
 @pytest.mark.parametrize("baseline", ["rounded-reference", "transformers-gguf"])
-def test_f16_gguf_passes_with_baseline(lossy: LossyRun, baseline: str) -> None:
-    gguf = lossy.gguf("f16")
-    n = lossy.reference_rounded("F16") if baseline == "rounded-reference" else lossy.reference_from_gguf(gguf)
+def test_half_gguf_passes_with_baseline(lossy: LossyRun, outtype: str, baseline: str) -> None:
+    gguf = lossy.gguf(outtype)
+    n = lossy.reference_rounded(outtype.upper()) if baseline == "rounded-reference" else lossy.reference_from_gguf(gguf)
     judged = lossy.align(lossy.llama_cpp(gguf), n)
     assert judged.exit_code == 0, judged
 
 
+@pytest.mark.parametrize("outtype", HALF)
 @pytest.mark.parametrize("case", PLANTED)
-def test_f16_gguf_mistake_named_with_baseline(lossy: LossyRun, case: str) -> None:
-    judged = lossy.align(lossy.llama_cpp(lossy.gguf("f16", case)), lossy.reference_rounded("F16"))
+def test_half_gguf_mistake_named_with_baseline(lossy: LossyRun, outtype: str, case: str) -> None:
+    judged = lossy.align(lossy.llama_cpp(lossy.gguf(outtype, case)), lossy.reference_rounded(outtype.upper()))
     assert judged.exit_code == 1 and inside(judged.module, LLAMA.bug(case).module), judged
 
 
