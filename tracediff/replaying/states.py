@@ -19,7 +19,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import types
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -61,18 +61,8 @@ def snapshot_states(value: Any, seen: dict[int, Any], shared: Mapping[int, Any])
     taken the first time it is seen (``seen``: by ``id``, across the calls of one forward)."""
     if isinstance(value, torch.Tensor) or isinstance(value, _PLAIN):
         return value
-    if isinstance(value, (tuple, list)):
-        items = [snapshot_states(item, seen, shared) for item in value]
-        if all(x is y for x, y in zip(items, value)):
-            return value
-        return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
-    if isinstance(value, dict):
-        changed = {key: snapshot_states(item, seen, shared) for key, item in value.items()}
-        if all(changed[key] is value[key] for key in value):
-            return value
-        out = value.copy()  # a ModelOutput stays one
-        out.update(changed)
-        return out
+    if isinstance(value, (tuple, list, dict)):
+        return _map_items(value, lambda item: snapshot_states(item, seen, shared))
     if isinstance(value, _NOT_STATE) or id(value) in shared or not hasattr(value, "__dict__") or \
             dataclasses.is_dataclass(value):  # a dataclass of tensors is a value (a ModelOutput-like record)
         return value
@@ -99,19 +89,25 @@ def fresh_states(value: Any, dtype: torch.dtype | None = None, device: torch.dev
     """``value`` with every :class:`Snapshot` in it replaced by a fresh copy (see :meth:`Snapshot.copy`)."""
     if isinstance(value, Snapshot):
         return value.copy(dtype, device)
-    if isinstance(value, (tuple, list)):
-        items = [fresh_states(item, dtype, device) for item in value]
-        if all(x is y for x, y in zip(items, value)):
-            return value
-        return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
+    if isinstance(value, (tuple, list, dict)):
+        return _map_items(value, lambda item: fresh_states(item, dtype, device))
+    return value
+
+
+def _map_items(value: tuple | list | dict, change: Callable[[Any], Any]) -> Any:
+    """``value`` with ``change`` applied to each item; ``value`` itself when no item changed (a named tuple and
+    a ``ModelOutput`` keep their type)."""
     if isinstance(value, dict):
-        changed = {key: fresh_states(item, dtype, device) for key, item in value.items()}
+        changed = {key: change(item) for key, item in value.items()}
         if all(changed[key] is value[key] for key in value):
             return value
-        out = value.copy()
+        out = value.copy()  # a ModelOutput stays one
         out.update(changed)
         return out
-    return value
+    items = [change(item) for item in value]
+    if all(x is y for x, y in zip(items, value)):
+        return value
+    return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
 
 
 def _cast_held(value: Any, dtype: torch.dtype | None, device: torch.device | None, seen: set[int]) -> Any:
