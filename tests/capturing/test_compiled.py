@@ -303,3 +303,67 @@ def test_modules_compiled_one_frame_each_stay_compiled_past_the_recompile_limit(
         y.sum().backward()
     assert torch.equal(y, expected), "a module ran eager under capture"
     assert session.complete and session.calls == count + 1
+
+
+CLI_SPEC = """
+import torch
+from tests.capturing.test_compiled import CompilingBranch, tiny, tokens
+
+
+def regional():
+    model = tiny(CompilingBranch())
+    model.extra = torch.compile(model.extra, backend="aot_eager", dynamic=False)
+    return model, tokens()
+
+
+def whole():
+    return torch.compile(tiny(), backend="aot_eager", dynamic=False), tokens()
+"""
+
+
+def test_the_command_line_takes_the_compiled_mode(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from tracediff.cli.main import main
+
+    script = tmp_path / "compiled_spec.py"
+    script.write_text(CLI_SPEC)
+    assert main(["capture", f"{script}:regional", "--out", str(tmp_path / "regions"), "--compiled", "regions"]) == 0
+    assert main(["capture", f"{script}:regional", "--out", str(tmp_path / "modules")]) == 0
+    regions, modules = metadata(tmp_path / "regions"), metadata(tmp_path / "modules")
+    assert regions["options"]["compiled"] == "regions" and modules["options"]["compiled"] == "modules"
+    assert regions["compile"]["recording"] == "at compiled region calls, from outside"
+    assert modules["compile"]["recording"] == "in-graph op tracediff::record"
+    # regions: the compiled region is one call, nothing inside it recorded; its value is the compiled one
+    assert "Tiny.extra" in paths(tmp_path / "regions")
+    capsys.readouterr()
+    # a model compiled as a whole is one region: refused, exit 2, one line naming the problem
+    assert main(["capture", f"{script}:whole", "--out", str(tmp_path / "whole"), "--compiled", "regions"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "is compiled as a whole" in err and "Traceback" not in err
+
+
+def test_a_runtime_without_compiled_regions_refuses_the_option() -> None:
+    from tracediff.capturing.adapters import adapters, check_options
+
+    for adapter in adapters():
+        if adapter.framework == "torch":
+            check_options(adapter, {"compiled": "regions"})
+            continue
+        check_options(adapter, {"compiled": "modules"})  # the default passes every runtime
+        with pytest.raises(UsageError, match=rf"compiled='regions' is not supported for {adapter.models} models"):
+            check_options(adapter, {"compiled": "regions"})
+
+
+def test_the_command_line_refuses_regions_for_a_flax_model(tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("flax.nnx", reason='flax is not installed (the jax extra): pip install -e ".[jax]"')
+    from tests.capturing.test_adapters import NNX_SPEC
+    from tracediff.cli.main import main
+
+    script = tmp_path / "nnx_model.py"
+    script.write_text(NNX_SPEC)
+    assert main(["capture", f"{script}:build", "--out", str(tmp_path / "a"), "--compiled", "regions"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.endswith(
+        "compiled='regions' is not supported for Flax NNX models: capture without it (calls, inputs and outputs "
+        "are recorded)")
+    assert not (tmp_path / "a").exists() or not any((tmp_path / "a").iterdir())

@@ -72,7 +72,7 @@ def own_modules(model: Any) -> Iterator[tuple[str, Any]]:
     for name, module in model.named_modules():
         if is_optimized_module(module):
             continue
-        yield _own_name(model, name), module
+        yield own_name(model, name), module
 
 
 def patch_plan(model: Any, *, regions_only: bool) -> list[tuple[str, Any, str]]:
@@ -90,7 +90,7 @@ def patch_plan(model: Any, *, regions_only: bool) -> list[tuple[str, Any, str]]:
     for name, module in model.named_modules():
         if any(name.startswith(region + ".") or not region for region in inside):
             continue
-        own = _own_name(model, name)
+        own = own_name(model, name)
         if is_optimized_module(module):
             plan.append((own, module, FORWARD))
             inside.append(name)
@@ -105,7 +105,8 @@ def patch_plan(model: Any, *, regions_only: bool) -> list[tuple[str, Any, str]]:
     return plan
 
 
-def _own_name(model: Any, name: str) -> str:
+def own_name(model: Any, name: str) -> str:
+    """``name`` (a path of ``named_modules()``) without the ``_orig_mod`` steps of compiled wrappers."""
     if "_orig_mod" not in name:
         return name
     kept: list[str] = []
@@ -122,7 +123,7 @@ def compiled_regions(model: Any, root_name: str, *, root_compiled: bool) -> list
     """The compiled modules of ``model``: ``{"module_path": ..., "how": "torch.compile" | "Module.compile"}``."""
     regions = [{fmt.MODULE_PATH: root_name, "how": TORCH_COMPILE}] if root_compiled else []
     for name, module in model.named_modules():
-        own = _own_name(model, name)
+        own = own_name(model, name)
         path = f"{root_name}.{own}" if own else root_name
         if is_optimized_module(module):
             regions.append({fmt.MODULE_PATH: path, "how": TORCH_COMPILE})
@@ -144,7 +145,9 @@ def _is_torch_module(model: Any) -> bool:
     return isinstance(module_type, type) and isinstance(model, module_type)
 
 
-def _has_region(model: Any) -> bool:
+def has_compiled_region(model: Any) -> bool:
+    """True when a module of ``model`` is compiled (``torch.compile(layer)``, ``layer.compile()``, a compiled
+    ``forward``)."""
     return _is_torch_module(model) and any(
         is_optimized_module(module) or module.__dict__.get(COMPILED_CALL) is not None or _compiled_forward(module)
         for module in model.modules())
@@ -188,7 +191,7 @@ class CompileWatch:
         self.mode = mode
         self.root_compiled = is_optimized_module(model)
         self.model = uncompiled(model)
-        if mode == REGIONS and (self.root_compiled or not _has_region(self.model)):
+        if mode == REGIONS and (self.root_compiled or not has_compiled_region(self.model)):
             what = "is compiled as a whole (torch.compile(model))" if self.root_compiled else "has no compiled region"
             raise UsageError(f"compiled='regions': the model {what}; it records the calls of regions compiled "
                              f"inside the model (layer.compile() or torch.compile(layer)): use compiled='modules'")

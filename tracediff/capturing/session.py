@@ -61,7 +61,7 @@ from .adapters import Adapter, adapter_for, check_options
 from .adapters.base import ADAPTER_METADATA
 from .backward import BackwardRecorder
 from .compat import sanitize_repr
-from .compiled import CompileWatch
+from .compiled import CompileWatch, uncompiled
 from .decode_steps import StepTracker, check_other_steps, parse_steps
 from .distributed import current_rank, run_start, versioned_collectives, world_size
 from .encode import Encoder, TensorMode
@@ -379,12 +379,12 @@ def capture(
     """
     if tensors not in _TENSOR_MODES:
         raise UsageError(f"tensors={tensors!r}: expected one of {', '.join(_TENSOR_MODES)}")
-    compiled_watch = CompileWatch(model, compiled)  # torch.compile(model): the model it wraps, its own paths
-    caller, model = model, compiled_watch.model
-    adapter = adapter_for(model)  # the one place the model's runtime is decided
+    adapter = adapter_for(uncompiled(model))  # the one place the model's runtime is decided
     check_options(adapter, {"verify": verify, "backward": backward, "ops": ops, "ops_exclude": ops_exclude,
                             "ops_in": ops_in, "full_dtensor": full_dtensor, "steps": steps,
-                            "teacher_forcing": teacher_forcing})
+                            "teacher_forcing": teacher_forcing, "compiled": compiled})
+    compiled_watch = CompileWatch(model, compiled)  # torch.compile(model): the model it wraps, its own paths
+    caller, model = model, compiled_watch.model
     check_pipeline_options(writers, pool_mb)
     selected_steps = parse_steps(steps)
     check_other_steps(other_steps)

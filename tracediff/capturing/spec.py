@@ -262,8 +262,12 @@ def capture_spec(
     teacher_forcing: str | Path | None = None,
     ranks: Literal["all"] | int = 0,
     other_steps: str = "stats",
+    compiled: str = "modules",
 ) -> CaptureSession:
     """Load a SPEC, optionally replace its inputs, and capture one forward under ``torch.no_grad()``.
+
+    ``compiled`` is ``capture``'s: how the values of code compiled with ``torch.compile`` are recorded
+    (``"modules"``, default, or ``"regions"``; docs/compiled.md).
 
     With ``backward=True`` the forward runs with autograd and is followed by a
     backward pass from the output's ``loss`` when it has one, else from the
@@ -345,7 +349,7 @@ def capture_spec(
                                 progress=progress, ops=ops, ops_exclude=ops_exclude, ops_in=ops_in,
                                 ops_min_numel=ops_min_numel, writers=writers, pool_mb=pool_mb,
                                 steps=steps, teacher_forcing=teacher_forcing, ranks=ranks,
-                                other_steps=other_steps) as session:
+                                other_steps=other_steps, compiled=compiled) as session:
             if generate:
                 extra = {"max_new_tokens": max_new_tokens} if max_new_tokens is not None else {}
                 output = cast(Any, model).generate(*args, **kwargs, **extra)

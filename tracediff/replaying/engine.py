@@ -46,6 +46,7 @@ from ..errors import TraceFormatError, UsageError
 from ..maps.rules import _UNSET, MapSpec, SlotRules, apply_rename, map_argument, read_map
 from ..trace.load import Trace, load_trace
 from ..trace.model import Node
+from .compiled import NO_ORACLE_WHEN_COMPILED, CompiledRuns, compiling, eager, is_compiled, own_module_table, uncompiled
 from .culprits import Candidate, decide, open_calls
 from .inputs import NotRebuildable, Target, output_slots, rebuild_inputs
 from .inside import blocker, host, judged_in_run
@@ -120,8 +121,14 @@ def replay(
     rules = list(rename_map.rename)
     patterns = _patterns(modules)
     seed = _seed(trace.metadata)
-    with prepared(model_b, device) as run_device:
-        job = _Job(trace, model_b, rules, match, seed, run_device, atol, rtol, oracle, list(rename_map.slots))
+    compiled = is_compiled(model_b)
+    compiled_b, model_b = model_b, uncompiled(model_b)  # B's own modules and paths, never ``_orig_mod``
+    asked_oracle, oracle = oracle, oracle and not compiled  # see .compiled: no float64 oracle for compiled code
+    with prepared(model_b, device) as run_device, compiling(compiled, len(list(model_b.modules()))):
+        job = _Job(trace, model_b, rules, match, seed, run_device, atol, rtol, oracle, list(rename_map.slots),
+                   compiled_b if compiled else None)
+        if asked_oracle and compiled:
+            job.warnings.append(NO_ORACLE_WHEN_COMPILED)
         job.run(patterns, progress)
         if patch:
             job.measure_patches()
@@ -129,7 +136,8 @@ def replay(
     return Replay(trace_a=str(trace.directory), model_b=type(model_b).__name__, oracle=oracle,
                   device=str(run_device), seed=seed, modules=calls, skipped=tuple(job.skipped),
                   noise_multiplier=NOISE_MULTIPLIER, end_to_end=job.end_to_end, warnings=tuple(job.warnings),
-                  patched=patch, undecided=tuple(job.undecided), seconds=time.perf_counter() - started)
+                  patched=patch, undecided=tuple(job.undecided), seconds=time.perf_counter() - started,
+                  compiled=compiled)
 
 
 def _check_replayable(trace: Trace) -> None:
@@ -175,13 +183,17 @@ class _Job:
 
     def __init__(self, trace: Trace, model: nn.Module, rules: list[tuple[str, str]], match: str, seed: int,
                  device: torch.device, atol: float | None, rtol: float | None, oracle: bool,
-                 slots: SlotRules | None = None) -> None:
+                 slots: SlotRules | None = None, compiled_model: nn.Module | None = None) -> None:
         self.trace, self.model, self.rules, self.match = trace, model, rules, match
         self.slots = slots or []  # the map's slot rules: a call whose inputs they set aside is not replayed
         self.seed, self.device = seed, device
         self.atol, self.rtol, self.oracle = atol, rtol, oracle
         self.root_name = type(model).__name__
-        self.modules = dict(model.named_modules(remove_duplicate=False))
+        # B as its SPEC runs it, when compiled: each replayed module then runs through torch.compile too
+        self.compiled_model = compiled_model
+        self.compiled_runs = CompiledRuns()
+        self.modules = own_module_table(model) if compiled_model is not None else \
+            dict(model.named_modules(remove_duplicate=False))
         self.model_dtype = param_dtype(model)
         self.warnings: list[str] = []
         self.skipped: list[SkippedCall] = []
@@ -207,19 +219,33 @@ class _Job:
             self.warnings.append(f"A's top-level inputs cannot be rebuilt ({e}): calls are matched by name only, "
                                  "and there is no end-to-end error")
             return
-        self.shadow = shadow_run(self.model, *self.root_inputs, seed=self.seed)
-        rebound = bound_to(self.model.forward, *self.root_inputs) if self.shadow.error else None
-        if rebound is not None:  # B's forward names its inputs otherwise: A's keywords passed by position
-            retried = shadow_run(self.model, *rebound, seed=self.seed)
-            if retried.error is None:
-                self.shadow, self.root_inputs = retried, rebound
-                self.warnings.append("B's forward does not take A's top-level keywords: they were passed by "
-                                     "position")
+        with eager(self.compiled_model is not None):  # the call tree's hooks read statistics: eager
+            self.shadow = shadow_run(self.model, *self.root_inputs, seed=self.seed)
+            rebound = bound_to(self.model.forward, *self.root_inputs) if self.shadow.error else None
+            retried = shadow_run(self.model, *rebound, seed=self.seed) if rebound is not None else None
+        if rebound is not None and retried is not None and retried.error is None:
+            # B's forward names its inputs otherwise: A's keywords passed by position
+            self.shadow, self.root_inputs = retried, rebound
+            self.warnings.append("B's forward does not take A's top-level keywords: they were passed by position")
         if self.shadow.error is not None:
             self.warnings.append(f"B's forward on A's top-level inputs raised {self.shadow.error}: calls are matched "
                                  "by name only")
             return
-        self.end_to_end = self._final_error(self.shadow.output)
+        self.end_to_end = self._final_error(self._compiled_output() if self.compiled_model is not None
+                                            else self.shadow.output)
+
+    def _compiled_output(self) -> Any:
+        """B's final output as its SPEC's compiled model computes it (the shadow run's when that raises)."""
+        assert self.compiled_model is not None and self.root_inputs is not None
+        args, kwargs = self.root_inputs
+        with torch.no_grad():
+            seed_rng(self.seed)
+            try:
+                return self.compiled_model(*args, **kwargs)
+            except Exception as e:  # noqa: BLE001 - the port's compiled code; the eager output stands in
+                self.warnings.append(f"B's compiled model raised {type(e).__name__} on A's top-level inputs: the "
+                                     "end-to-end error is the eager run's")
+                return self.shadow.output
 
     def _pairs(self) -> list[tuple[Node, Node]]:
         forward_a = [n for n in self.trace.nodes() if n.phase == "forward"]
@@ -338,7 +364,9 @@ class _Job:
                 return None
             return copy, Target(module_device(copy, oracle_device(self.device)), torch.float64)
         return CallSetup(trace=self.trace, node_a=node_a, node_b=node_b if self.shadow.trace else None,
-                         module=module, twin=twin, target=Target(device, dtype, dict(slot_dtypes)), seed=self.seed,
+                         module=self.compiled_runs(module) if self.compiled_model is not None else module,
+                         twin=twin,
+                         target=Target(device, dtype, dict(slot_dtypes)), seed=self.seed,
                          b_inputs=self.shadow.inputs.get((node_b.relative_path, node_b.call_index)),
                          atol=self.atol, rtol=self.rtol, parameters=self._parameters(node_a, node_b))
 
@@ -530,7 +558,7 @@ class _Job:
             with torch.no_grad(), patched(self.model, replacements):
                 seed_rng(self.seed)
                 try:
-                    output = self.model(*args, **kwargs)
+                    output = (self.compiled_model or self.model)(*args, **kwargs)
                 except Exception as e:  # noqa: BLE001
                     self.warnings.append(f"--patch {done.node_b.module_path}: B's forward raised {type(e).__name__}")
                     continue

@@ -158,6 +158,9 @@ class Replay:
     #: why the replay cannot pass: calls that differ with an unjudged call inside them, and unjudged calls
     #: that no call around them judged the same math (see ``tracediff.replaying.culprits``)
     undecided: tuple[str, ...] = ()
+    #: B runs under ``torch.compile``: each module was replayed compiled (``torch.compile(module)``), its
+    #: float64 oracle run eager
+    compiled: bool = False
 
     @property
     def culprits(self) -> tuple[ReplayedCall, ...]:
@@ -251,6 +254,7 @@ class Replay:
             "device": self.device,
             "seed": self.seed,
             "patched": self.patched,
+            "compiled": self.compiled,
             "culprits": culprits,
             "modules": [call.to_dict() for call in self.modules],
             "skipped": [s.to_dict() for s in self.skipped],

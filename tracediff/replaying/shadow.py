@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from .. import format as fmt
+from ..capturing.compiled import is_optimized_module, own_name
 from ..capturing.signatures import forward_parameters
 from ..capturing.stats import tensor_stats
 from ..trace.load import Trace
@@ -55,7 +56,8 @@ def module_paths(model: nn.Module) -> dict[int, str]:
     """``id(module) -> relative path`` (``""`` for the root; a shared module keeps its first name)."""
     paths: dict[int, str] = {}
     for name, module in model.named_modules(remove_duplicate=False):
-        paths.setdefault(id(module), name)
+        if not is_optimized_module(module):  # a compiled layer's wrapper: its module is named for it
+            paths.setdefault(id(module), own_name(model, name))
     return paths
 
 
@@ -122,6 +124,8 @@ def _recording(model: nn.Module, root_name: str, run: ShadowRun) -> Iterator[lis
     handles = []
     try:
         for module in model.modules():
+            if is_optimized_module(module):  # the wrapper runs its module, which is recorded
+                continue
             handles.append(module.register_forward_pre_hook(pre, with_kwargs=True))
             handles.append(module.register_forward_hook(post, with_kwargs=True))
         yield roots

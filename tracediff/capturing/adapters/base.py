@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 #: The capture options not every runtime supports, each with its value meaning "not used".
 GATED_OPTIONS: dict[str, Any] = {
     "verify": False, "backward": False, "ops": False, "ops_exclude": (), "ops_in": (), "full_dtensor": False,
-    "steps": None, "teacher_forcing": None,
+    "steps": None, "teacher_forcing": None, "compiled": "modules",
 }
 #: The metadata keys an adapter may fill (``framework`` and ``framework_version`` come from the adapter itself).
 ADAPTER_METADATA = frozenset({"forward_parameters", "model_class", "runtime"})

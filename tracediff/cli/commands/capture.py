@@ -62,6 +62,11 @@ def register(sub: Any) -> None:
                    help="with --generate: feed the tokens the reference trace generated, step by step, instead of "
                         "the model's own choice (its greedy choice is recorded; align reports where it differs); "
                         "the reference must come from the same prompt and vocabulary")
+    p.add_argument("--compiled", choices=("modules", "regions"), default="modules",
+                   help="a model under torch.compile: record every module inside the compiled graph (modules, "
+                        "default; each compiled region compiles once more), or only the calls of the regions "
+                        "compiled inside the model, from outside, running the code compiled before (regions); see "
+                        "docs/compiled.md")
     add_ops_options(p)
     p.add_argument("--dtype", metavar="DTYPE",
                    help="cast the model and its floating inputs first (bfloat16, float16, float32, float64): "
@@ -97,7 +102,8 @@ def run(args: argparse.Namespace) -> int:
                                on_note=lambda note: print(f"tracediff capture: {note}"), writers=args.writers,
                                pool_mb=args.pool_mb, generate=args.generate, max_new_tokens=args.max_new_tokens,
                                steps=args.steps, teacher_forcing=args.teacher_forcing, other_steps=args.other_steps,
-                               ranks="all" if args.ranks == "all" else 0, **ops_kwargs(args))
+                               ranks="all" if args.ranks == "all" else 0, compiled=args.compiled,
+                               **ops_kwargs(args))
     except BaseException:
         _release_process_group(wait=False)
         raise
@@ -125,6 +131,9 @@ def _run_model_file(args: argparse.Namespace) -> int:
     from ...capturing.model_file import capture_file
     from ...errors import UsageError
 
+    if args.compiled != "modules":
+        raise UsageError(f"{args.spec}: --compiled {args.compiled} is for torch models under torch.compile; a model "
+                         "file runs in its own runtime")
     if args.inputs is None:
         raise UsageError(f"{args.spec}: a model file needs --inputs FILE (the token ids, e.g. written by the "
                          "reference side's --save-inputs)")
