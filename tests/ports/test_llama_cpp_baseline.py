@@ -74,14 +74,15 @@ def test_q8_0_gguf_diverges_without_baseline(lossy: LossyRun) -> None:
     assert judged.exit_code == 1 and judged.module is not None, judged
 
 
-@pytest.mark.xfail(strict=True, reason="layer 1's k_proj is paired by structure with Vcur (llama.cpp evaluates Vcur "
-                                       "before Kcur) instead of Kcur, and that pair diverges")
 def test_q8_0_gguf_passes_with_baseline(lossy: LossyRun) -> None:
     judged = lossy.align(lossy.llama_cpp(lossy.gguf("q8_0")), lossy.reference_rounded("Q8_0"))
     assert judged.exit_code == 0, judged
 
 
-@pytest.mark.parametrize("case", ["gate-up-swapped", "norm-eps"])
+# Not "norm-eps" here: eps 1e-5 for 1e-6 on activations of mean square ~4e-4 moves the norm's output by ~1.1%,
+# while half a Q8_0 step is ~0.39% of a block's maximum, so the mistake is under 3x (the noise factor) what Q8_0
+# itself makes: below what a Q8_0 run can resolve, on any CPU.
+@pytest.mark.parametrize("case", ["gate-up-swapped"])
 def test_q8_0_gguf_mistake_named_with_baseline(lossy: LossyRun, case: str) -> None:
     judged = lossy.align(lossy.llama_cpp(lossy.gguf("q8_0", case)), lossy.reference_rounded("Q8_0"))
     assert judged.exit_code == 1 and inside(judged.module, LLAMA.bug(case).module), judged

@@ -65,17 +65,24 @@ class Values:
     def similarity(self, ra: TensorRecord, rb: TensorRecord) -> float:
         """1 for the same values, down to 0 for unrelated ones: the statistics first, then, where they agree
         and both payloads are there, the sorted values (normalised tensors share their statistics)."""
+        return graded(self.distance(ra, rb))
+
+    def distance(self, ra: TensorRecord, rb: TensorRecord) -> float:
+        """How far apart the values of two tensors are, relative to their spread (0 for the same values, inf
+        when nothing tells): the larger of the statistics' and the sorted values' distances, the latter only
+        where the statistics already agree (within the last grade) and both payloads are there. Graded, it is
+        ``similarity``; unrounded, it ranks candidates that all agree only approximately (a quantized run)."""
         if ra.shape is None or rb.shape is None or math.prod(ra.shape) != math.prod(rb.shape):
-            return 0.0
+            return math.inf
         sa, sb = self.stats(ra, "a"), self.stats(rb, "b")
         if not sa or not sb:
-            return 0.0
-        grade = graded(statistics_distance(sa, sb))
-        if grade and "mean" in sa and "mean" in sb:
+            return math.inf
+        distance = statistics_distance(sa, sb)
+        if graded(distance) and "mean" in sa and "mean" in sb:
             qa, qb = self.quantiles(ra, "a"), self.quantiles(rb, "b")
             if qa is not None and qb is not None:
-                grade = min(grade, graded(quantile_distance(qa, qb)))
-        return grade
+                distance = max(distance, quantile_distance(qa, qb))
+        return distance
 
     def quantiles(self, record: TensorRecord, side: str) -> Any:
         key = (id(record), "q")

@@ -33,6 +33,7 @@ from ...trace.graph_scopes import GRAPH_BLOCK
 from ...trace.model import Node
 from .evidence import (
     Values,
+    graded,
     is_transparent,
     main_output,
     name_similarity,
@@ -52,6 +53,9 @@ _NAMED = 100.0  # the score of a pair the names or the map make
 # the attention before it inside the call on one side only): their inputs are not compared
 OUTPUTS_ONLY = "value, outputs only"
 _GAP = 4  # the most calls on a side between two pairs for ``_fill_gaps`` to look at
+# a node of a graph block takes the place of the call of A it agrees with best when the runner-up is this
+# many times farther (``_closest``)
+_CLEAR = 2.0
 
 
 @dataclass(frozen=True)
@@ -239,18 +243,18 @@ class TreePairing:
 
         A graph runtime's evaluation order among nodes that do not depend on each other is its scheduler's
         (llama.cpp evaluates ``Vcur`` before ``Kcur``), not the model's: each node whose main output agrees
-        with exactly one call of A (values, any layout) moves to that call's place; the nodes after it that
-        agree with none move with it."""
+        with one call of A clearly best (values, any layout: :func:`_closest`) moves to that call's place;
+        the nodes after it that agree with none move with it."""
+        records_a = [(j, record) for j, other in enumerate(line_a)
+                     if isinstance(other, Node) and (record := main_output(other)) is not None]
         keys: list[float] = []
         key = -1.0
         for item in line_b:
             record_b = main_output(item) if isinstance(item, Node) else None
             if record_b is not None:
-                close = [j for j, other in enumerate(line_a) if isinstance(other, Node)
-                         and (record_a := main_output(other)) is not None
-                         and self.values.similarity(record_a, record_b) >= 1.0]
-                if len(close) == 1:
-                    key = float(close[0])
+                found = _closest([(self.values.distance(record_a, record_b), j) for j, record_a in records_a])
+                if found is not None:
+                    key = float(found)
             keys.append(key)
         order = sorted(range(len(line_b)), key=lambda i: (keys[i], i))
         return [line_b[i] for i in order]
@@ -489,8 +493,12 @@ class TreePairing:
                 # and mlx-lm's ``SwiGLU(up, gate)``, which multiplies inside the call
                 return None
             how = "value" if out_sim >= 0.75 else "name" if same_name else "shape"
-            if how == "value" and in_x and in_y and in_sim < 0.4:
-                how = OUTPUTS_ONLY  # one result from other inputs: what feeds each differs, by design
+            if out_sim >= 0.4 and in_x and in_y and in_sim < 0.4:
+                # one result from other inputs: what feeds each differs, by design. The outputs agree at any
+                # grade (a quantized run agrees with its reference only to about 1e-2, the 0.4 grade): the
+                # inputs are told apart by the same evidence in every instance of a structure, whatever its
+                # rounding has piled up to
+                how = OUTPUTS_ONLY
             return 1.0 + 3.0 * out_sim + in_sim + 0.5 * kinds + 0.5 * names, how
         if same_out and same_in and out_sim >= 0.4:
             return 2.0 + 3.0 * out_sim + in_sim + kinds + names, "value"
@@ -499,6 +507,21 @@ class TreePairing:
                 return _VETO  # same inputs, and its result comes out of another call: not the same computation
             return 1.5 + in_sim + kinds + names, "name"
         return None
+
+
+def _closest(candidates: list[tuple[float, int]]) -> int | None:
+    """The candidate whose values agree best, ranked by distance, not by a tolerance: a quantized run (Q8_0
+    rounds the matmul inputs to 8-bit blocks) agrees with its reference to about 1e-2 only, with every
+    candidate, so no threshold tells the right one, while the ranking does. It wins when it agrees at all
+    (graded above 0) and the runner-up is more than ``_CLEAR`` times farther: the winner's own distance
+    is the runs' noise, which moves the runner-up's by as much, so noise alone cannot swap the two. None
+    when no candidate clearly wins (two calls of A with the same values: values cannot tell them apart)."""
+    ranked = sorted(candidates)
+    if not ranked or not graded(ranked[0][0]):
+        return None
+    if len(ranked) > 1 and ranked[1][0] <= _CLEAR * ranked[0][0]:
+        return None
+    return ranked[0][1]
 
 
 def _sizes(node: Node) -> tuple[int | None, int | None]:
