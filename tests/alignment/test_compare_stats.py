@@ -56,6 +56,9 @@ def test_a_change_beyond_the_rounding_diverges() -> None:
 def test_exact_statistics_get_no_rounding_allowance() -> None:
     verdict = compare_stats(native(X), native(X * (1 + 1e-5)), atol=0.0, rtol=1e-6)
     assert verdict["status"] == "diverged"  # a 5e-5 allowance, as for five-digit strings, would pass it
+    # X * (1 + 1e-5) scales every statistic by 1 + 1e-5, each element rounded once (at most eps32 / 2 = 6e-8
+    # relative) and the moments summed in float64: the needed rtol is 1e-5 within ~1e-7 on any CPU, far inside
+    # (5e-6, 5e-5), which only separates it from 0 and from the 5e-5 string allowance.
     assert 5e-6 < verdict["required_rtol"] < 5e-5
 
 
