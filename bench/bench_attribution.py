@@ -1,6 +1,7 @@
 """Cost of ``tracediff.attribute`` against the one-at-a-time scan it replaces, side by side in one run.
 
     python bench/bench_attribution.py [--repeats 3] [--layers 8] [--hidden 512] [--seq-len 256] [--quant int4wo]
+                                      [--modules layers]
 
 Model: a ``LlamaForCausalLM`` (``tests/attribution/models.py``'s, scaled up:
 hidden size ``--hidden``, ``--layers`` layers, vocabulary 256, random weights,
@@ -8,8 +9,8 @@ seed 0, eager attention), batch 1, sequence ``--seq-len``, CPU, one torch
 thread. A's full trace is captured once (its cost is printed, not counted:
 the scan needs the float model's own output too). B is the float model with
 every decoder layer's Linears quantized by torchao (``--quant``). Interleaved
-over ``--repeats`` rounds: ``tracediff.attribute(B, A's trace)`` (layers), and
-``sensitivity_scan`` over the same layers (a fresh float copy per layer, that
+over ``--repeats`` rounds: ``tracediff.attribute(B, A's trace, modules=...)``
+(``--modules``: layers or leaves), and ``sensitivity_scan`` over the same calls (a fresh float copy per layer, that
 layer quantized, one forward each, plus the float model's forward). Times are
 CPU times of the process (``time.process_time``); medians are reported with the
 forward passes each needs. Nothing here asserts.
@@ -53,6 +54,7 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--seq-len", type=int, default=256)
     parser.add_argument("--quant", default="int4wo", choices=["int4wo", "int8wo", "int8dyn"])
+    parser.add_argument("--modules", default="layers", choices=["layers", "leaves"])
     args = parser.parse_args()
     warnings.filterwarnings("ignore")
     torch.set_num_threads(1)
@@ -76,16 +78,17 @@ def main() -> None:
             started = time.process_time()
             float_model(**kwargs)
             float_s = time.process_time() - started
-        attribution, scan, forwards = [], [], (0, 0)
+        attribution, scan, forwards = [], [], ("", "")
         for _ in range(args.repeats):
             started = time.process_time()
-            result = attribute(b, tmp / "float")
+            result = attribute(b, tmp / "float", modules=args.modules)
             attribution.append(time.process_time() - started)
             paths = [c.module_path.split(".", 1)[1] for c in result.ranking]
             started = time.process_time()
             scanned = sensitivity_scan(float_model, quantize, paths, kwargs)
             scan.append(time.process_time() - started)
-            forwards = (result.forward_passes, scanned.forward_passes)
+            forwards = (f"{result.forward_passes} (from each call on) + {result.module_runs} single-module runs",
+                        f"{scanned.forward_passes} + {scanned.forward_passes - 1} quantizations")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"Llama hidden {args.hidden}, {args.layers} layers, sequence {args.seq_len}, torchao {args.quant}, "
@@ -94,10 +97,11 @@ def main() -> None:
           f"model: {float_s:.3f} s")
     print("| | forward passes of the model | CPU time (median) | x one forward of B |")
     print("|---|---|---|---|")
-    for name, count, times in (("tracediff.attribute (layers)", forwards[0], attribution),
+    for name, count, times in ((f"tracediff.attribute ({args.modules})", forwards[0], attribution),
                                ("one-at-a-time scan", forwards[1], scan)):
         median = statistics.median(times)
         print(f"| {name} | {count} | {median:.2f} s | {median / forward_s:.1f}x |")
+    print(f"attribution / scan: {statistics.median(attribution) / statistics.median(scan):.2f}")
 
 
 if __name__ == "__main__":

@@ -4,7 +4,9 @@
 
 For each model (a Llama-style decoder: logits KL; an MLP-heavy residual
 regressor: relative mse; both from ``tests/attribution/models.py``, random
-weights, seed 0, layers of different weight) and each quantization (torchao
+weights, seed 0, layers of different weight; and the Llama again with a 40x
+outlier channel in layer 3's norm gains, as trained LLMs have) and each
+quantization (torchao
 int4 weight-only, int8 weight-only, int8 dynamic activations; optimum-quanto
 qint4 and qint8 weights), B is the float model with every decoder layer's
 Linears quantized. The attribution ranks B's layers from A's trace; the scan
@@ -43,7 +45,9 @@ QUANTIZATIONS = {"torchao int4 weight-only (groups of 32)": lambda: models.torch
 
 def families(layers: int) -> dict[str, tuple[torch.nn.Module, dict[str, torch.Tensor], str]]:
     return {"Llama (logits KL)": (models.llama(layers=layers), {"input_ids": models.token_ids()}, "model.layers"),
-            "MLP stack (relative mse)": (models.mlp_stack(layers=layers), {"x": models.mlp_inputs()}, "blocks")}
+            "MLP stack (relative mse)": (models.mlp_stack(layers=layers), {"x": models.mlp_inputs()}, "blocks"),
+            "Llama, outlier channel in layer 3": (models.llama(layers=layers, outlier=3),
+                                                  {"input_ids": models.token_ids()}, "model.layers")}
 
 
 def row(name: str, quant: str, float_model: torch.nn.Module, kwargs: dict[str, torch.Tensor], layers: str,
@@ -58,8 +62,8 @@ def row(name: str, quant: str, float_model: torch.nn.Module, kwargs: dict[str, t
     scan = sensitivity_scan(float_model, quantize, paths, kwargs)
     truth = [scan.errors[p] for p in paths]
     rho = spearman(truth, [c.share for c in result.ranking])
-    top = "yes" if paths[0] == max(scan.errors, key=scan.errors.__getitem__) else \
-        f"no ({max(scan.errors, key=scan.errors.__getitem__)})"
+    worst = max(scan.errors, key=scan.errors.__getitem__)
+    top = f"yes ({worst.rsplit('.', 1)[-1]})" if paths[0] == worst else f"no ({worst})"
     return (f"| {name} | {quant} | {result.final_error.value:.3g} | {rho:.3f} | {top} | "
             f"{result.forward_passes}, {attribution_s:.2f} s | {scan.forward_passes}, {scan.seconds:.2f} s |")
 

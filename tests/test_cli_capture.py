@@ -292,3 +292,25 @@ def test_every_command_has_help_with_an_example(command: str, capsys: pytest.Cap
         main([command, "--help"])
     assert exited.value.code == 0
     assert "example" in capsys.readouterr().out.lower()
+
+
+def test_options_of_the_other_kind_of_spec_are_refused(script: Path, tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    # a GGUF file is run by llama.cpp on --inputs: PyTorch's options would be silently ignored, so they are refused
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF" + b"\x03\x00\x00\x00" + b"\x00" * 24)
+    inputs = tmp_path / "ids.safetensors"
+    code = main(["capture", str(gguf), "--inputs", str(inputs), "--out", str(tmp_path / "o"), "--generate",
+                 "--dtype", "bfloat16"])
+    assert code == 2
+    assert capsys.readouterr().err.strip() == (
+        f"tracediff capture: error: {gguf}: --generate, --dtype are for a SPEC run in PyTorch; a model file runs "
+        "in its own runtime on --inputs")
+    assert not (tmp_path / "o").exists()
+    # and llama.cpp's options given with a PyTorch SPEC
+    code = main(["capture", f"{script}:ref", "--out", str(tmp_path / "p"), "--kv-cache-type", "f32"])
+    assert code == 2
+    assert capsys.readouterr().err.strip() == (
+        f"tracediff capture: error: {script}:ref: --kv-cache-type is for a model file (tracediff capture "
+        "model.gguf); a SPEC runs in PyTorch")
+    assert not (tmp_path / "p").exists()

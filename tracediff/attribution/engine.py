@@ -17,9 +17,13 @@ A short tour::
    model keeps its float model's paths).
 3. Each runs alone on A's recorded inputs (:mod:`.local`): its local error,
    free of what flows in.
-4. For each, B's whole forward runs again with that call's math restored
-   (its output minus its local error, :mod:`.restore`); the share of the
-   final error that goes away is its cost. Calls are ranked by it.
+4. For each, B's forward runs again from that call on: the calls done before
+   it answer A's recorded outputs without running, the call itself answers
+   its output on A's inputs (step 3), and every call after it is restored
+   (its output minus its local error, :mod:`.restore`) and runs with plain
+   kernels in place of quantized ones (:mod:`.surrogates`). The final error
+   left is what the call causes on its own, what a one-at-a-time scan
+   measures. Calls are ranked by it.
 5. With ``budget=N``, a greedy selection restores calls together
    (:mod:`.budget`): the N whose joint restoration removes the most.
 """
@@ -46,6 +50,7 @@ from .final import FinalError, final_error
 from .local import LocalError, local_error
 from .restore import Deltas, Key, minus, restored
 from .result import AttributedCall, Attribution, SkippedUnit
+from .surrogates import KernelSurrogates, opaque_weights
 from .units import LAYERS, selected_calls
 
 
@@ -69,7 +74,7 @@ def attribute(
         modules: ``"layers"`` (default: each decoder layer, N = number of
             layers), ``"leaves"`` (each module without submodules that holds a
             parameter: about 7 per decoder layer), or globs over B's module
-            paths (relative or full). Each ranked call costs one forward of B.
+            paths (relative or full).
         budget: also choose this many calls greedily, each step measuring the
             final error with every chosen call restored at once (``budget``
             steps of up to N forwards each). Default: none.
@@ -124,6 +129,9 @@ class _Job:
         self.keys: dict[tuple[str, int], tuple[str, int]] = {}  # (B's full path, call) -> (relative path, call)
         self.forwards = 0
         self.module_runs = 0
+        self.surrogates = KernelSurrogates()
+        # (relative path, call) -> the local error with plain kernels, where they are not the module's own
+        self.plain_deltas: dict[tuple[str, int], dict[str, torch.Tensor]] = {}
         self.granularity = LAYERS
         self.residual = math.nan  # the final error with every ranked call restored
         root = trace.roots[0]
@@ -132,7 +140,7 @@ class _Job:
         except NotRebuildable as e:
             raise UsageError(f"{trace.json_path}: A's top-level inputs cannot be rebuilt ({e})") from None
         self.recorded = {r.slot: trace.load(r) for r in root.outputs() if r.has_payload}
-        self.shadow = shadow_run(model, self.args, self.kwargs, seed=self.seed)
+        self.shadow = shadow_run(model, self.args, self.kwargs, seed=self.seed, stats=False)  # paths, orders
         self.forwards += 1
         if self.shadow.error is not None or self.shadow.trace is None:
             raise UsageError(f"B's forward on A's recorded inputs raised {self.shadow.error}")
@@ -159,7 +167,7 @@ class _Job:
         return after.value if after is not None else math.nan
 
     def measure(self, modules: str | Sequence[str]) -> None:
-        """Local errors, then one forward per call with every other ranked call restored (see ``_ranked``)."""
+        """Local errors, the final error with every ranked call restored, then one forward per call from it on."""
         assert self.shadow.trace is not None
         calls = [n for n in self.shadow.trace.nodes() if n.relative_path]
         chosen, self.granularity = selected_calls(self.model, calls, modules)
@@ -173,19 +181,27 @@ class _Job:
                 locals_.append((node, local))
         if not locals_:
             return
-        answers = {key: substitute(local.output, minus(local.delta)) for key, local in
-                   ((self.keys[(n.module_path, n.call_index)], local) for n, local in locals_)}
+        answers = {self.keys[(n.module_path, n.call_index)]: substitute(local.output, minus(local.delta))
+                   for n, local in locals_}
         exits = {self.keys[(n.module_path, n.call_index)]: n.exit_order for n, _ in locals_}
-        self.residual = self.final_with({}, answers)
+        with self.surrogates:
+            self.residual = self.final_with({}, answers)
         if math.isnan(self.residual):
             raise UsageError("B's forward with every ranked call restored raised: no call can be ranked")
         measured: list[tuple[Node, LocalError, float]] = []
         for node, local in locals_:
             key = (node.relative_path, node.call_index)
-            # the calls done before this one starts see A's inputs: they answer A's outputs without running
+            if not any(bool(d.any()) for d in local.delta.values()):
+                # bit for bit A's output on A's inputs (a norm left in float): alone, it causes no error
+                measured.append((node, local, self.residual))
+                continue
+            # the calls done before this one starts see A's inputs: they answer A's outputs without running;
+            # this one answers its own output on A's inputs, measured with its real kernel
             ahead = {k: answers[k] for k, done in exits.items() if done is not None and done < node.enter_order}
-            after = {k: d for k, d in self.deltas.items() if k != key and k not in ahead}
-            alone = self.final_with(after, ahead)
+            ahead[key] = local.output
+            after = {k: self.plain_deltas.get(k, d) for k, d in self.deltas.items() if k not in ahead}
+            with self.surrogates:
+                alone = self.final_with(after, ahead)
             if math.isnan(alone):
                 self.skipped.append(SkippedUnit(node.module_path, node.call_index,
                                                 "B's forward with the other calls restored raised"))
@@ -208,6 +224,13 @@ class _Job:
         if not local.delta:
             self.skipped.append(SkippedUnit(node.module_path, node.call_index, local.reason))
             return None
+        if not all(self.surrogates.same_as_kernel(w, target.dtype or w.dtype) for w in opaque_weights(module)):
+            # its plain kernel is not its real one (it rounds activations): its plain local error is its own
+            self.module_runs += 1
+            with self.surrogates:
+                plain = local_error(self.trace, node_a, module, target, self.seed)
+            if plain.delta.keys() == local.delta.keys():
+                self.plain_deltas[(node.relative_path, node.call_index)] = plain.delta
         return local
 
     def candidates(self) -> list[Candidate]:
@@ -220,9 +243,8 @@ def _ranked(measured: list[tuple[Node, LocalError, float]], base: float, residua
     """Most costly first: by share, then by local error (both descending).
 
     A call's share is the final error it causes on its own, over B's final error:
-    ``(E(every other call restored) - E(every call restored)) / E(B)``. Restoring
-    the others leaves the float model with this call alone quantized, which is
-    what a one-at-a-time scan measures, up to what no ranked call covers.
+    ``(E(only this call quantized) - E(every call restored)) / E(B)``, clipped to
+    [0, 1]: what a one-at-a-time scan measures, less what no ranked call covers.
     """
     def share(alone: float) -> float:
         if not base > 0:

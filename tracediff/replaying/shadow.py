@@ -62,11 +62,11 @@ def module_paths(model: nn.Module) -> dict[int, str]:
 
 
 def _describe_inputs(node: Node, args: tuple[Any, ...], kwargs: dict[str, Any], order: list[int],
-                     dtypes: dict[str, torch.dtype]) -> None:
+                     dtypes: dict[str, torch.dtype], stats: bool) -> None:
     def walk(value: Any, slot: str) -> None:
         if isinstance(value, torch.Tensor):
             node.tensors.append(TensorRecord(slot=slot, order=order[0], shape=tuple(value.shape),
-                                             dtype=str(value.dtype), stats=tensor_stats(value)))
+                                             dtype=str(value.dtype), stats=tensor_stats(value) if stats else {}))
             order[0] += 1
             if value.is_floating_point():
                 dtypes[slot] = value.dtype
@@ -86,7 +86,7 @@ def _describe_inputs(node: Node, args: tuple[Any, ...], kwargs: dict[str, Any], 
 
 
 @contextmanager
-def _recording(model: nn.Module, root_name: str, run: ShadowRun) -> Iterator[list[Node]]:
+def _recording(model: nn.Module, root_name: str, run: ShadowRun, stats: bool) -> Iterator[list[Node]]:
     paths = module_paths(model)
     roots: list[Node] = []
     stack: list[Node] = []
@@ -103,7 +103,7 @@ def _recording(model: nn.Module, root_name: str, run: ShadowRun) -> Iterator[lis
                     call_index=call_index, module_type=type(module).__name__, depth=len(stack),
                     enter_order=order[0], parent=stack[-1] if stack else None)
         dtypes: dict[str, torch.dtype] = {}
-        _describe_inputs(node, args, kwargs, order, dtypes)
+        _describe_inputs(node, args, kwargs, order, dtypes, stats)
         run.slot_dtypes[(relative, call_index)] = dtypes
         run.inputs[(relative, call_index)] = (snapshot_states(args, seen, shared),
                                               snapshot_states(dict(kwargs), seen, shared))
@@ -117,7 +117,7 @@ def _recording(model: nn.Module, root_name: str, run: ShadowRun) -> Iterator[lis
         node.has_outputs = True
         for slot, tensor in output_slots(output):
             node.tensors.append(TensorRecord(slot=slot, order=order[0], shape=tuple(tensor.shape),
-                                             dtype=str(tensor.dtype), stats=tensor_stats(tensor)))
+                                             dtype=str(tensor.dtype), stats=tensor_stats(tensor) if stats else {}))
             order[0] += 1
         node.exit_order = order[0]
 
@@ -134,12 +134,14 @@ def _recording(model: nn.Module, root_name: str, run: ShadowRun) -> Iterator[lis
             handle.remove()
 
 
-def shadow_run(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], *, seed: int) -> ShadowRun:
-    """Run ``model(*args, **kwargs)`` once under ``no_grad`` and record its call tree; never raises."""
+def shadow_run(model: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], *, seed: int,
+               stats: bool = True) -> ShadowRun:
+    """Run ``model(*args, **kwargs)`` once under ``no_grad`` and record its call tree (with each tensor's
+    statistics unless ``stats`` is False); never raises."""
     root_name = type(model).__name__
     run = ShadowRun(trace=None)
     try:
-        with _recording(model, root_name, run) as roots, torch.no_grad():
+        with _recording(model, root_name, run, stats) as roots, torch.no_grad():
             seed_rng(seed)
             run.output = model(*args, **kwargs)
     except Exception as e:  # noqa: BLE001 - the port's code; reported, then replay matches by name

@@ -19,9 +19,10 @@ A is the float model's trace (captured with payloads); SPEC_B is
 path/to/script.py:function or package.module:function returning the
 quantized or low-precision model B, or (model, inputs) (A's recorded inputs
 are used). Each ranked call of B runs alone on A's inputs (its local error),
-then B's whole forward runs with every other ranked call's math restored:
-the final error left is what that call causes (its share). --modules:
-layers (default; one forward per decoder layer), leaves (one per Linear,
+then B's forward runs from that call on with every later call's math
+restored (plain kernels in place of quantized ones): the final error left
+is what that call causes on its own (its share). --modules: layers
+(default; one partial forward per decoder layer), leaves (one per Linear,
 Embedding, norm: about 7 per layer) or globs."""
 
 

@@ -90,9 +90,14 @@ def run(args: argparse.Namespace) -> int:
     from ...capturing.inputs_map import parse_inputs_map
     from ...capturing.model_file import is_model_file
     from ...capturing.spec import capture_spec
+    from ...errors import UsageError
 
     if is_model_file(args.spec):
         return _run_model_file(args)
+    given = _given(args, _MODEL_FILE_ONLY)
+    if given:
+        raise UsageError(f"{args.spec}: {', '.join(given)} {'is' if len(given) == 1 else 'are'} for a model file "
+                         "(tracediff capture model.gguf); a SPEC runs in PyTorch")
 
     try:
         session = capture_spec(args.spec, args.out, inputs=args.inputs, save_inputs_to=args.save_inputs,
@@ -134,6 +139,10 @@ def _run_model_file(args: argparse.Namespace) -> int:
     if args.compiled != "modules":
         raise UsageError(f"{args.spec}: --compiled {args.compiled} is for torch models under torch.compile; a model "
                          "file runs in its own runtime")
+    given = _given(args, _SPEC_ONLY)
+    if given:
+        raise UsageError(f"{args.spec}: {', '.join(given)} {'is' if len(given) == 1 else 'are'} for a SPEC run in "
+                         "PyTorch; a model file runs in its own runtime on --inputs")
     if args.inputs is None:
         raise UsageError(f"{args.spec}: a model file needs --inputs FILE (the token ids, e.g. written by the "
                          "reference side's --save-inputs)")
@@ -143,6 +152,24 @@ def _run_model_file(args: argparse.Namespace) -> int:
     print(f"captured {session.calls} graph nodes into {session.trace_dir} ({session.files} payload files, "
           f"{session.payload_bytes / 1e6:.1f} MB)")
     return 0
+
+
+# dest -> (flag, default): the options that only one kind of SPEC takes; given to the other, they are refused
+_SPEC_ONLY = {"inputs_map": ("--inputs-map", None), "save_inputs": ("--save-inputs", None),
+              "prune_layers": ("--prune-layers", False), "backward": ("--backward", False),
+              "ranks": ("--ranks", "0"), "verify": ("--verify", False), "generate": ("--generate", False),
+              "max_new_tokens": ("--max-new-tokens", None), "steps": ("--steps", None),
+              "other_steps": ("--other-steps", "stats"), "teacher_forcing": ("--teacher-forcing", None),
+              "dtype": ("--dtype", None), "device": ("--device", None), "writers": ("--writers", None),
+              "pool_mb": ("--pool-mb", 256), "ops": ("--ops", False), "ops_include": ("--ops-include", []),
+              "ops_exclude": ("--ops-exclude", []), "ops_in": ("--ops-in", []),
+              "ops_min_numel": ("--ops-min-numel", 0)}
+_MODEL_FILE_ONLY = {"kv_cache_type": ("--kv-cache-type", None), "flash_attn": ("--flash-attn", None),
+                    "threads": ("--threads", None)}
+
+
+def _given(args: argparse.Namespace, options: dict[str, tuple[str, object]]) -> list[str]:
+    return [flag for dest, (flag, default) in options.items() if getattr(args, dest, default) != default]
 
 
 def _release_process_group(wait: bool) -> None:
