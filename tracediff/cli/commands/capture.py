@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 from .._ops_options import add_ops_options, ops_kwargs
@@ -155,20 +156,21 @@ def _run_model_file(args: argparse.Namespace) -> int:
 
 
 # dest -> (flag, default): the options that only one kind of SPEC takes; given to the other, they are refused
-_SPEC_ONLY = {"inputs_map": ("--inputs-map", None), "save_inputs": ("--save-inputs", None),
-              "prune_layers": ("--prune-layers", False), "backward": ("--backward", False),
-              "ranks": ("--ranks", "0"), "verify": ("--verify", False), "generate": ("--generate", False),
-              "max_new_tokens": ("--max-new-tokens", None), "steps": ("--steps", None),
-              "other_steps": ("--other-steps", "stats"), "teacher_forcing": ("--teacher-forcing", None),
-              "dtype": ("--dtype", None), "device": ("--device", None), "writers": ("--writers", None),
-              "pool_mb": ("--pool-mb", 256), "ops": ("--ops", False), "ops_include": ("--ops-include", []),
-              "ops_exclude": ("--ops-exclude", []), "ops_in": ("--ops-in", []),
-              "ops_min_numel": ("--ops-min-numel", 0)}
-_MODEL_FILE_ONLY = {"kv_cache_type": ("--kv-cache-type", None), "flash_attn": ("--flash-attn", None),
-                    "threads": ("--threads", None)}
+_Options = dict[str, tuple[str, object]]
+_SPEC_ONLY: _Options = {
+    "inputs_map": ("--inputs-map", None), "save_inputs": ("--save-inputs", None),
+    "prune_layers": ("--prune-layers", False), "backward": ("--backward", False), "ranks": ("--ranks", "0"),
+    "verify": ("--verify", False), "generate": ("--generate", False), "max_new_tokens": ("--max-new-tokens", None),
+    "steps": ("--steps", None), "other_steps": ("--other-steps", "stats"),
+    "teacher_forcing": ("--teacher-forcing", None), "dtype": ("--dtype", None), "device": ("--device", None),
+    "writers": ("--writers", None), "pool_mb": ("--pool-mb", 256), "ops": ("--ops", False),
+    "ops_include": ("--ops-include", []), "ops_exclude": ("--ops-exclude", []), "ops_in": ("--ops-in", []),
+    "ops_min_numel": ("--ops-min-numel", 0)}
+_MODEL_FILE_ONLY: _Options = {"kv_cache_type": ("--kv-cache-type", None), "flash_attn": ("--flash-attn", None),
+                              "threads": ("--threads", None)}
 
 
-def _given(args: argparse.Namespace, options: dict[str, tuple[str, object]]) -> list[str]:
+def _given(args: argparse.Namespace, options: Mapping[str, tuple[str, object]]) -> list[str]:
     return [flag for dest, (flag, default) in options.items() if getattr(args, dest, default) != default]
 
 
