@@ -284,6 +284,15 @@ def output_tied() -> GgufBug:
     return GgufBug("output-tied", "output.weight not written (the token embedding used instead)", "lm_head", edit)
 
 
+def embedding_rows_shifted() -> GgufBug:
+    """The token embedding written one row off (a vocabulary off by one): every token reads its neighbour's row."""
+    def edit(reader: Any, config: dict[str, Any]) -> None:
+        rows = tensor(reader, "token_embd.weight")
+        rows[...] = np.roll(np.array(rows), 1, axis=0)
+
+    return GgufBug("embedding-rows-shifted", "token_embd.weight one row off", "model.embed_tokens", edit)
+
+
 def bias_lost(which: str) -> GgufBug:
     """A q/k/v projection's bias not written (zero)."""
     def edit(reader: Any, config: dict[str, Any]) -> None:
@@ -317,7 +326,7 @@ def gemma_norm_no_shift() -> GgufBug:
 FAMILIES: dict[str, Family] = {family.name: family for family in (
     Family("llama", "LlamaConfig", "LlamaForCausalLM", {"rope_theta": 500000.0},
            (qk_not_permuted(), v_permuted(), norm_eps("llama.attention.layer_norm_rms_epsilon", 1e-5),
-            rope_base_lost("llama.rope.freq_base"), gate_up_swapped(), output_tied())),
+            rope_base_lost("llama.rope.freq_base"), gate_up_swapped(), output_tied(), embedding_rows_shifted())),
     Family("qwen2", "Qwen2Config", "Qwen2ForCausalLM", {},
            (bias_lost("k"), rope_type_norm("qwen2"), gate_up_swapped())),
     Family("gemma2", "Gemma2Config", "Gemma2ForCausalLM",

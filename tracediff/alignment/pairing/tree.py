@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 from ...maps.rules import RenameRules, apply_rename
 from ...trace.graph_scopes import GRAPH_BLOCK
-from ...trace.model import Node
+from ...trace.model import Node, TensorRecord
 from .evidence import (
     Values,
     graded,
@@ -469,7 +469,8 @@ class TreePairing:
         out_x, out_y = main_output(x), main_output(y)
         in_x, in_y = x.inputs(), y.inputs()
         same_out = out_x is not None and out_y is not None and numel(out_x) == numel(out_y)
-        same_in = [numel(t) for t in in_x[:1]] == [numel(t) for t in in_y[:1]]
+        ids_only = _ids_only(in_x, in_y)
+        same_in = [numel(t) for t in in_x[:1]] == [numel(t) for t in in_y[:1]] or ids_only
         out_sim = self.values.similarity(out_x, out_y) if out_x is not None and out_y is not None and same_out \
             else 0.0
         in_sim = self.values.best(in_x, in_y)
@@ -486,9 +487,10 @@ class TreePairing:
                 return 1.0 + 3.0 * out_sim + 0.5 * kinds + 0.5 * names, OUTPUTS_ONLY
             # two calls that call nothing: the same sizes, and something more than sizes (values in or out,
             # a name or a kind of module in common)
-            if not (same_out and same_in) or not (out_sim >= 0.4 or in_sim >= 0.75 or kinds or names):
+            # (or both read the token ids alone: an embedding lookup, whose values a wrong table hides)
+            if not (same_out and same_in) or not (out_sim >= 0.4 or in_sim >= 0.75 or kinds or names or ids_only):
                 return None
-            if len(in_x) != len(in_y) and out_sim < 0.4 and not kinds and not same_name:
+            if len(in_x) != len(in_y) and out_sim < 0.4 and not kinds and not same_name and not ids_only:
                 # another number of tensors in, another kind, another result: transformers' ``act_fn(gate)``
                 # and mlx-lm's ``SwiGLU(up, gate)``, which multiplies inside the call
                 return None
@@ -507,6 +509,14 @@ class TreePairing:
                 return _VETO  # same inputs, and its result comes out of another call: not the same computation
             return 1.5 + in_sim + kinds + names, "name"
         return None
+
+
+def _ids_only(in_x: list[TensorRecord], in_y: list[TensorRecord]) -> bool:
+    """One side reads nothing the trace holds (a graph node reading a weight and the prompt, both kept outside
+    it: llama.cpp's ``embd``) and the other only integers (the token ids): neither has an input to compare."""
+    def integers(records: list[TensorRecord]) -> bool:
+        return bool(records) and all("int" in r.dtype for r in records)
+    return (not in_x and integers(in_y)) or (not in_y and integers(in_x))
 
 
 def _closest(candidates: list[tuple[float, int]]) -> int | None:
