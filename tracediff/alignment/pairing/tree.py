@@ -515,7 +515,7 @@ def _ids_only(in_x: list[TensorRecord], in_y: list[TensorRecord]) -> bool:
     """One side reads nothing the trace holds (a graph node reading a weight and the prompt, both kept outside
     it: llama.cpp's ``embd``) and the other only integers (the token ids): neither has an input to compare."""
     def integers(records: list[TensorRecord]) -> bool:
-        return bool(records) and all("int" in r.dtype for r in records)
+        return bool(records) and all("int" in (r.dtype or "") for r in records)
     return (not in_x and integers(in_y)) or (not in_y and integers(in_x))
 
 
