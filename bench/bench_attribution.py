@@ -10,8 +10,9 @@ thread. A's full trace is captured once (its cost is printed, not counted:
 the scan needs the float model's own output too). B is the float model with
 every decoder layer's Linears quantized by torchao (``--quant``). Interleaved
 over ``--repeats`` rounds: ``tracediff.attribute(B, A's trace, modules=...)``
-(``--modules``: layers or leaves), and ``sensitivity_scan`` over the same calls (a fresh float copy per layer, that
-layer quantized, one forward each, plus the float model's forward). Times are
+(``--modules``: layers or leaves), and ``sensitivity_scan`` over the same
+calls (a fresh float copy per call, that call's Linears quantized, one
+forward each, plus the float model's forward). Times are
 CPU times of the process (``time.process_time``); medians are reported with the
 forward passes each needs. Nothing here asserts.
 """

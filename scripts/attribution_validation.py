@@ -6,9 +6,8 @@ For each model (a Llama-style decoder: logits KL; an MLP-heavy residual
 regressor: relative mse; both from ``tests/attribution/models.py``, random
 weights, seed 0, layers of different weight; and the Llama again with a 40x
 outlier channel in layer 3's norm gains, as trained LLMs have) and each
-quantization (torchao
-int4 weight-only, int8 weight-only, int8 dynamic activations; optimum-quanto
-qint4 and qint8 weights), B is the float model with every decoder layer's
+quantization (torchao int4 weight-only, int8 weight-only, int8 dynamic
+activations; optimum-quanto qint4 and qint8 weights), B is the float model with every decoder layer's
 Linears quantized. The attribution ranks B's layers from A's trace; the scan
 quantizes one layer of a fresh float copy at a time and measures the final
 error. Printed: Spearman's rank correlation of the two over layers, whether

@@ -10,10 +10,11 @@ measured. Under :class:`KernelSurrogates` a ``linear`` whose weight is a
 tensor subclass (torchao, optimum-quanto) runs as a plain ``linear`` with the
 weight its own kernel applies: the subclass's ``dequantize()`` where it has
 one (or its one inner tensor's, for a wrapper), else ``linear(I, W)^T`` (one
-kernel call on an identity, as costly as a forward of that many tokens). That is exact
-for weight-only quantization up to the summation order, and drops the
-activations' rounding for dynamic activation quantization. A restored call's
-local error is taken with the same plain kernel (:mod:`.engine`), so what it
+kernel call on an identity, as costly as a forward of that many tokens).
+That is exact for weight-only quantization up to the summation order, and
+drops the activations' rounding for dynamic activation quantization: there
+(:meth:`KernelSurrogates.same_as_kernel` tells), a restored call's local
+error is taken with the same plain kernel (:mod:`.engine`), so what it
 subtracts is its own.
 """
 
@@ -69,7 +70,6 @@ class KernelSurrogates(TorchFunctionMode):
             plain = plain.to(dtype)
         self._plain[id(weight)] = (weight, plain)  # the weight is kept alive so its id is not reused
         return plain
-
 
     def same_as_kernel(self, weight: torch.Tensor, dtype: torch.dtype) -> bool:
         """Whether the plain ``linear`` gives the kernel's answers up to the summation order, on a probe of 8
