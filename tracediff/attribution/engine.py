@@ -25,7 +25,8 @@ A short tour::
    left is what the call causes on its own, what a one-at-a-time scan
    measures. Calls are ranked by it.
 5. With ``budget=N``, a greedy selection restores calls together
-   (:mod:`.budget`): the N whose joint restoration removes the most.
+   (:mod:`.budget`, :meth:`_Job.final_restored`: the restored calls on plain
+   kernels, the others on B's): the N whose joint restoration removes the most.
 """
 
 from __future__ import annotations
@@ -97,7 +98,7 @@ def attribute(
     with prepared(model_b, run_device) as where:
         job = _Job(trace, model_b, where)
         job.measure(modules)
-        steps = greedy(job.candidates(), job.final_with, job.base.value, budget) if budget else []
+        steps = greedy(job.candidates(), job.final_restored, job.base.value, budget) if budget else []
     return Attribution(trace_a=str(trace.directory), model_b=type(model_b).__name__, granularity=job.granularity,
                        final_error=job.base, residual_error=job.residual, ranking=tuple(job.ranking),
                        budget=tuple(steps), skipped=tuple(job.skipped), warnings=tuple(job.warnings),
@@ -165,6 +166,15 @@ class _Job:
                 return math.nan
         after = final_error(self.recorded, output)
         return after.value if after is not None else math.nan
+
+    def final_restored(self, deltas: Deltas) -> float:
+        """B's final error with the calls of ``deltas`` restored together, the others as B runs them: the mixed-
+        precision model ``--budget`` weighs. The restored calls run plain kernels and lose their plain local
+        error, as in the per-call runs (their own kernels would round a moved input again); the rest run B's."""
+        plain = {key: self.plain_deltas.get(key, delta) for key, delta in deltas.items()}
+        weights = [w for path in {path for path, _ in deltas} for w in opaque_weights(self.modules[path])]
+        with self.surrogates.applied_to(weights):
+            return self.final_with(plain)
 
     def measure(self, modules: str | Sequence[str]) -> None:
         """Local errors, the final error with every ranked call restored, then one forward per call from it on."""

@@ -20,7 +20,8 @@ subtracts is its own.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -41,22 +42,38 @@ def opaque_weights(module: nn.Module) -> list[torch.Tensor]:
 
 class KernelSurrogates(TorchFunctionMode):
     """Within the mode, ``linear(x, W)`` with a tensor-subclass ``W`` runs as a plain ``linear`` with the weight
-    the subclass's own kernel applies (read once per weight and kept for the mode's life)."""
+    the subclass's own kernel applies (read once per weight and kept for the mode's life); within
+    :meth:`applied_to`, only for the weights given."""
 
     def __init__(self) -> None:
         super().__init__()
         self._plain: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         self._same: dict[tuple[int, torch.dtype], tuple[torch.Tensor, bool]] = {}
+        self._only: frozenset[int] | None = None
 
     def __torch_function__(self, func: Any, types: Any, args: Sequence[Any] = (), kwargs: Any = None) -> Any:
         kwargs = dict(kwargs or {})
         if func is nn.functional.linear:
             args = list(args)
-            if len(args) > 1 and opaque(args[1]):
+            if len(args) > 1 and self._replaces(args[1]):
                 args[1] = self.plain(args[1], args[0].dtype)
-            elif opaque(kwargs.get("weight")):
+            elif self._replaces(kwargs.get("weight")):
                 kwargs["weight"] = self.plain(kwargs["weight"], args[0].dtype)
         return func(*args, **kwargs)
+
+    def _replaces(self, weight: Any) -> bool:
+        return opaque(weight) and (self._only is None or id(weight) in self._only)
+
+    @contextmanager
+    def applied_to(self, weights: Iterable[torch.Tensor]) -> Iterator[None]:
+        """The mode, replacing the kernels of ``weights`` only (the others run their own)."""
+        kept = list(weights)  # alive while their ids are looked up
+        previous, self._only = self._only, frozenset(id(w) for w in kept)
+        try:
+            with self:
+                yield
+        finally:
+            self._only = previous
 
     def plain(self, weight: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         cached = self._plain.get(id(weight))
