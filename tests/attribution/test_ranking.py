@@ -100,8 +100,8 @@ def test_budget_weighs_the_mixed_precision_model_it_names(tmp_path: Path, torcha
     # int8 dynamic activations: the budget's joint runs emulate "these layers in float, the rest quantized" by
     # restoring the chosen layers in B. Checked against that model built for real (torchao on every other layer).
     # With the restored layers on their own kernels, which round a moved input again, the emulation was up to 5x
-    # off (2.2x on this model's second step); with plain kernels it is within 1% here. 10% leaves room for an int8 rounding that flips on
-    # another CPU (one element of thousands).
+    # off (2.2x on this model); with plain kernels it is within 1% here. 10% leaves room for an int8 rounding
+    # that flips on another CPU (one element of thousands).
     float_model = models.llama(layers=4, outlier=2)
     kwargs = {"input_ids": models.token_ids()}
     quantize = torchao_or_skip("int8dyn")
