@@ -84,7 +84,9 @@ def register(sub: Any) -> None:
                            "rounds nothing)")
     gguf.add_argument("--flash-attn", choices=("auto", "on", "off"), help="flash attention (default auto)")
     gguf.add_argument("--threads", type=int, metavar="N", help="llama.cpp's threads (default llama-cpp-python's)")
-    p.set_defaults(run=run)
+    # what each option is when not given, read from the parser itself: an option of the other kind of SPEC is
+    # refused only when given
+    p.set_defaults(run=run, option_defaults={dest: p.get_default(dest) for dest in (*_SPEC_ONLY, *_MODEL_FILE_ONLY)})
 
 
 def run(args: argparse.Namespace) -> int:
@@ -155,23 +157,19 @@ def _run_model_file(args: argparse.Namespace) -> int:
     return 0
 
 
-# dest -> (flag, default): the options that only one kind of SPEC takes; given to the other, they are refused
-_Options = dict[str, tuple[str, object]]
-_SPEC_ONLY: _Options = {
-    "inputs_map": ("--inputs-map", None), "save_inputs": ("--save-inputs", None),
-    "prune_layers": ("--prune-layers", False), "backward": ("--backward", False), "ranks": ("--ranks", "0"),
-    "verify": ("--verify", False), "generate": ("--generate", False), "max_new_tokens": ("--max-new-tokens", None),
-    "steps": ("--steps", None), "other_steps": ("--other-steps", "stats"),
-    "teacher_forcing": ("--teacher-forcing", None), "dtype": ("--dtype", None), "device": ("--device", None),
-    "writers": ("--writers", None), "pool_mb": ("--pool-mb", 256), "ops": ("--ops", False),
-    "ops_include": ("--ops-include", []), "ops_exclude": ("--ops-exclude", []), "ops_in": ("--ops-in", []),
-    "ops_min_numel": ("--ops-min-numel", 0)}
-_MODEL_FILE_ONLY: _Options = {"kv_cache_type": ("--kv-cache-type", None), "flash_attn": ("--flash-attn", None),
-                              "threads": ("--threads", None)}
+# dest -> flag: the options that only one kind of SPEC takes; given to the other, they are refused
+_SPEC_ONLY = {
+    "inputs_map": "--inputs-map", "save_inputs": "--save-inputs", "prune_layers": "--prune-layers",
+    "backward": "--backward", "ranks": "--ranks", "verify": "--verify", "generate": "--generate",
+    "max_new_tokens": "--max-new-tokens", "steps": "--steps", "other_steps": "--other-steps",
+    "teacher_forcing": "--teacher-forcing", "dtype": "--dtype", "device": "--device", "writers": "--writers",
+    "pool_mb": "--pool-mb", "ops": "--ops", "ops_include": "--ops-include", "ops_exclude": "--ops-exclude",
+    "ops_in": "--ops-in", "ops_min_numel": "--ops-min-numel"}
+_MODEL_FILE_ONLY = {"kv_cache_type": "--kv-cache-type", "flash_attn": "--flash-attn", "threads": "--threads"}
 
 
-def _given(args: argparse.Namespace, options: Mapping[str, tuple[str, object]]) -> list[str]:
-    return [flag for dest, (flag, default) in options.items() if getattr(args, dest, default) != default]
+def _given(args: argparse.Namespace, options: Mapping[str, str]) -> list[str]:
+    return [flag for dest, flag in options.items() if getattr(args, dest) != args.option_defaults[dest]]
 
 
 def _release_process_group(wait: bool) -> None:
