@@ -15,7 +15,6 @@ edited as its raw blocks: swapping two tensors of one shape swaps their blocks).
 from __future__ import annotations
 
 import json
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -53,16 +52,7 @@ class LossyRun:
         clean = convert(self.folder / "hf", self.folder / f"clean-{outtype}.gguf", outtype=outtype)
         if case == CLEAN:
             return clean
-        planted = self.folder / f"{case}-{outtype}.gguf"
-        if not planted.is_file():
-            import gguf
-
-            shutil.copyfile(clean, planted)
-            reader = gguf.GGUFReader(planted, "r+")
-            self.run.family.bug(case).edit(reader, self.run.family.hparams())
-            reader.data.flush()
-            del reader
-        return planted
+        return self.run.planted(clean, case, self.folder / f"{case}-{outtype}.gguf")
 
     def llama_cpp(self, gguf: Path, *, kv_cache: str = "f32") -> Path:
         """llama.cpp's trace of ``gguf`` (flash attention off), with the KV cache of type ``kv_cache``."""

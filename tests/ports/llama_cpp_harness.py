@@ -107,16 +107,19 @@ class GgufRun:
                         self.folder / "clean.gguf")
         if case == CLEAN:
             return clean
-        planted = self.folder / f"{case}.gguf"
-        if not planted.is_file():
+        return self.planted(clean, case, self.folder / f"{case}.gguf")
+
+    def planted(self, clean: Path, case: str, path: Path) -> Path:
+        """``path``: a copy of the GGUF ``clean`` with ``case``'s mistake planted by gguf-py (made once)."""
+        if not path.is_file():
             import gguf
 
-            shutil.copyfile(clean, planted)
-            reader = gguf.GGUFReader(planted, "r+")
+            shutil.copyfile(clean, path)
+            reader = gguf.GGUFReader(path, "r+")
             self.family.bug(case).edit(reader, self.family.hparams())
             reader.data.flush()
             del reader
-        return planted
+        return path
 
     def trace(self, case: str) -> Path:
         """``reference`` or a case's llama.cpp trace."""
