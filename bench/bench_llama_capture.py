@@ -30,16 +30,15 @@ import json
 import os
 import platform
 import shutil
-import statistics
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from rotated import rotated_medians  # noqa: E402  (bench/, the script's own folder)
 
 SETTINGS = dict(hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=8,
                 num_key_value_heads=4, head_dim=32)
@@ -107,16 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     tokens = [3 + (7 * i) % 97 for i in range(args.tokens)]
     runs = configurations(gguf, tokens, args.out_root)
     names = list(runs)
-    times: dict[str, list[float]] = {name: [] for name in names}
-    for name in names:  # warm-up
-        runs[name]()
-    load = os.getloadavg()[0]
-    for round_ in range(args.repeats):
-        for name in names[round_ % len(names):] + names[:round_ % len(names)]:
-            start = time.perf_counter()
-            runs[name]()
-            times[name].append(time.perf_counter() - start)
-    medians = {name: statistics.median(values) for name, values in times.items()}
+    medians, times, load = rotated_medians(runs, args.repeats)
     print(f"llama-cpp-python {llama_cpp.__version__}, {platform.processor() or platform.machine()}, "
           f"{os.cpu_count()} CPUs, load average {load:.1f} before the timing, {args.repeats} rounds, "
           f"{len(tokens)} tokens")

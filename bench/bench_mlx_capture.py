@@ -31,16 +31,15 @@ import json
 import os
 import platform
 import shutil
-import statistics
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from rotated import rotated_medians  # noqa: E402  (bench/, the script's own folder)
 
 
 def build() -> tuple[Any, Any]:
@@ -113,16 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     model, tokens = build()
     runs = configurations(model, tokens, args.out_root)
     names = list(runs)
-    times: dict[str, list[float]] = {name: [] for name in names}
-    for name in names:  # warm-up
-        runs[name]()
-    load = os.getloadavg()[0]
-    for round_ in range(args.repeats):
-        for name in names[round_ % len(names):] + names[:round_ % len(names)]:
-            start = time.perf_counter()
-            runs[name]()
-            times[name].append(time.perf_counter() - start)
-    medians = {name: statistics.median(values) for name, values in times.items()}
+    medians, times, load = rotated_medians(runs, args.repeats)
     print(f"mlx {mx.__version__} on {mx.default_device()}, {platform.processor() or platform.machine()}, "
           f"{os.cpu_count()} CPUs, load average {load:.1f} before the timing, {args.repeats} rounds")
     print(f"{'config':16} {'median s':>9} {'x plain':>8}")
