@@ -45,7 +45,7 @@ ALLOWED: dict[str, set[str]] = {
 }
 CORE = {"base", "files", "trace", "capturing", "importers", "maps", "compare", "sharding", "alignment", "show", "steps",
         "replaying", "attribution"}
-BASE_MODULES = {"errors", "format", "display", "_version", "order"}
+BASE_MODULES = {"errors", "format", "display", "_version", "order", "globs"}
 #: Inside alignment: what each part may import of the others (besides itself).
 ALIGNMENT_PARTS: dict[str, set[str]] = {
     "pairing": {"result"},

@@ -33,7 +33,7 @@ from .errors import TraceFormatError
 
 #: ``"MAJOR.MINOR"``. A reader refuses a newer MAJOR and ignores what it does not know within a MAJOR.
 #: Traces of tracediff 0.1 carry the integer ``1``, read as ``"1.0"``.
-FORMAT_VERSION = "1.5"
+FORMAT_VERSION = "1.6"
 
 # --- files --------------------------------------------------------------------------------------------------
 
@@ -281,8 +281,8 @@ METADATA_KEYS = (
     FORMAT_VERSION_KEY, PRODUCER_KEY, FRAMEWORK, FRAMEWORK_VERSION,
     "torch_version", "python_version", "transformers_version", "model_class",
     "model_name", "devices", "dtypes", "world_size", "rank", "created", "options", COMPLETE_KEY, ERROR,
-    "capture_failure", "calls", "payload_files", "payload_bytes", "verification", "forward_parameters", "compile",
-    "mesh", "run_started", "runtime",
+    "capture_failure", "calls", "unrecorded_calls", "payload_files", "payload_bytes", "verification",
+    "forward_parameters", "compile", "mesh", "run_started", "runtime",
 )
 #: Facts a runtime's adapter records about the model (a JSON object of its own: a gguf file's name, ...).
 RUNTIME = "runtime"
@@ -290,6 +290,10 @@ FORWARD_PARAMETERS = "forward_parameters"
 #: How the model ran compiled (``torch.compile``): its compiled ``regions``, how their values were ``recording``
 #: taken, and what Dynamo compiled ``during_capture`` (docs/compiled.md). Absent when nothing ran compiled.
 COMPILE = "compile"
+#: Calls that ran and whose record could not be placed in the tree (spec section 7); the trace is incomplete.
+UNRECORDED_CALLS = "unrecorded_calls"
+UNRECORDED_EXAMPLES = 20  # the calls an unrecorded_calls object names; its count has them all
+RETURN_NOT_RECORDED = "ReturnNotRecorded"  # the error of a call kept without outputs (spec section 7)
 COMPILE_REGIONS = "regions"
 COMPILE_RECORDING = "recording"
 COMPILE_DURING = "during_capture"
@@ -412,6 +416,16 @@ def source_entry(module_path: str | None, call_index: int | None, external: str 
 def is_op_node(obj: Any) -> bool:
     """True for an op node (an object with a string ``op``) among a node's ``children``."""
     return isinstance(obj, dict) and isinstance(obj.get(OP), str)
+
+
+def unrecorded_call_entry(module_path: str, call_index: int | None, why: str) -> dict[str, Any]:
+    """One call of the metadata's ``unrecorded_calls``."""
+    return {MODULE_PATH: module_path, CALL_INDEX: call_index, "why": why}
+
+
+def unrecorded_calls_entry(count: int, calls: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """The metadata's ``unrecorded_calls``: None when nothing was lost."""
+    return {"count": count, "calls": list(calls)[:UNRECORDED_EXAMPLES]} if count else None
 
 
 def error_entry(type_name: str, message: str) -> dict[str, Any]:

@@ -4,7 +4,7 @@
 
     from tracediff.show import show_trace
 
-    view = show_trace("traces/port", path="layers.0.*", depth=2)
+    view = show_trace("traces/port", path="**.layers.0", depth=2)
     for node in view.nodes:
         print("  " * node.depth, node.name, [t.shape for t in node.tensors])
     if view.first_nonfinite:
@@ -22,7 +22,6 @@ Rendering (tree text, JSON, CSV) lives in :mod:`tracediff.render.tree`.
 
 from __future__ import annotations
 
-import fnmatch
 import math
 import operator
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ from typing import Any
 
 from .display import short_repr, summary_html
 from .errors import UsageError
+from .globs import matches
 from .trace.frozen import frozen_builder
 from .trace.load import Trace, load_trace
 from .trace.model import Node, ReprValue, TensorRecord
@@ -184,7 +184,7 @@ def show_trace(path_or_trace: str | Path | Trace, *, path: str | None = None, de
 
     Args:
         path_or_trace: a trace folder, its JSON file, or a loaded ``Trace``.
-        path: a glob (``fnmatch``: ``*`` also crosses dots) on module paths,
+        path: a glob on module paths (``*`` one path segment, ``**`` any number: ``'**.mlp'``),
             tried against the path relative to the root (``layers.0.mlp``) and
             the full path (``LlamaModel.layers.0.mlp``). Matching calls are
             shown with everything below them; their ancestors are kept as
@@ -234,7 +234,7 @@ def _tree_depth(node: Node) -> int:
 
 
 def _matches(node: Node, pattern: str) -> bool:
-    return fnmatch.fnmatchcase(node.relative_path, pattern) or fnmatch.fnmatchcase(node.module_path, pattern)
+    return matches(node.relative_path, pattern) or matches(node.module_path, pattern)
 
 
 def _filtered(trace: Trace, every: list[Node], pattern: str, depth: int | None) -> list[NodeView]:
@@ -242,7 +242,7 @@ def _filtered(trace: Trace, every: list[Node], pattern: str, depth: int | None) 
     if not matched:
         sample = ", ".join(n.relative_path for n in every[1:6])
         raise UsageError(f"{trace.json_path}: no module path matches {pattern!r}; paths look like: "
-                         f"{sample or '(only the root)'} (globs: 'layers.0.*', '*.mlp')")
+                         f"{sample or '(only the root)'} (globs: '**.layers.0', '**.mlp')")
     # Each shown call hangs from its shallowest matching ancestor (its anchor); ``every`` lists parents first.
     anchor_of: dict[int, Node] = {}
     for node in every:

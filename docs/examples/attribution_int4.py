@@ -19,8 +19,9 @@ from torch import nn
 def float_model() -> tuple[nn.Module, dict[str, Any]]:
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    # transformers' defaults: sdpa attention, the cache on (each layer takes a DynamicCache)
     config = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=6,
-                         num_attention_heads=4, num_key_value_heads=2, use_cache=False, attn_implementation="eager")
+                         num_attention_heads=4, num_key_value_heads=2)
     torch.manual_seed(0)
     model = LlamaForCausalLM(config).eval()
     with torch.no_grad():

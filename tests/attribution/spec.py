@@ -23,3 +23,14 @@ def qint8_llama() -> nn.Module:
     model, _ = float_llama()
     models.quanto("qint8")(model, "model.layers")
     return model
+
+
+def stock_llama() -> tuple[nn.Module, dict[str, Any]]:
+    """The float model at transformers' defaults (sdpa, the cache on), for captures as users make them."""
+    from . import stock
+
+    return stock.llama(), {"input_ids": stock.token_ids()}
+
+
+def stock_llama_bf16() -> nn.Module:
+    return stock_llama()[0].bfloat16()

@@ -367,3 +367,40 @@ def test_the_command_line_refuses_regions_for_a_flax_model(tmp_path: Path,
         "compiled='regions' is not supported for Flax NNX models: capture without it (calls, inputs and outputs "
         "are recorded)")
     assert not (tmp_path / "a").exists() or not any((tmp_path / "a").iterdir())
+
+
+def _start_of_the_last_call_moved_after_its_return(graph_module: torch.fx.GraphModule,
+                                                   example_inputs: list[torch.Tensor]) -> Any:
+    """A backend that runs the graph with one record out of program order, as a scheduler that reorders
+    records would: the last call's start moved just before the model's return."""
+    records = [node for node in graph_module.graph.nodes
+               if node.op == "call_function" and "tracediff.record" in str(node.target)]
+    starts = [node for node in records if node.args[-2] == 0]  # the event: 0 a call's start, 1 its return
+    records[-1].prepend(starts[-1])
+    graph_module.recompile()
+    return graph_module.forward
+
+
+def test_a_record_out_of_program_order_is_counted_and_the_capture_is_not_complete(tmp_path: Path) -> None:
+    model, x = tiny(), tokens()
+    capture(model, tmp_path / "eager", x)
+    reordered = torch.compile(model, backend=_start_of_the_last_call_moved_after_its_return, dynamic=False)
+    _, session = capture(reordered, tmp_path / "compiled", x)
+
+    # Every call ran; one was recorded out of order: its return came with no call open, its start after it.
+    assert not session.complete and session.calls == 12
+    lost = metadata(tmp_path / "compiled")["unrecorded_calls"]
+    assert lost == {"count": 1, "calls": [{
+        "module_path": "Tiny.layers.1.norm", "call_index": 0,
+        "why": "its return was not recorded before its caller's: its outputs are missing"}]}
+    assert tracediff.load_trace(tmp_path / "compiled").incomplete_reason == (
+        "module calls that ran were not recorded: 1 (first Tiny.layers.1.norm: its return was not recorded "
+        "before its caller's: its outputs are missing)")
+    result = tracediff.align(tmp_path / "eager", tmp_path / "compiled")
+    assert not result.passed and result.incomplete_b is not None
+
+    # A reader counts the loss, whatever `complete` says.
+    meta_file = tmp_path / "compiled" / "tracediff_metadata.json"
+    meta_file.write_text(json.dumps({**metadata(tmp_path / "compiled"), "complete": True}))
+    assert tracediff.load_trace(tmp_path / "compiled").incomplete_reason is not None
+    assert not tracediff.align(tmp_path / "eager", tmp_path / "compiled").passed

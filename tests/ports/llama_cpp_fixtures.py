@@ -162,6 +162,7 @@ def convert(folder: Path, out: Path, *, outtype: str = "f32", tool: Path | None 
     sys.argv = ["convert_hf_to_gguf.py", str(folder), "--outfile", str(out), "--outtype", outtype]
     try:
         with _offline():
+            _read_sentencepiece()
             runpy.run_path(str(tool / "convert_hf_to_gguf.py"), run_name="__main__")
     except SystemExit as e:
         if e.code not in (0, None):
@@ -175,6 +176,20 @@ def convert(folder: Path, out: Path, *, outtype: str = "f32", tool: Path | None 
     if not out.is_file():
         raise RuntimeError(f"convert_hf_to_gguf.py wrote no {out}")
     return out
+
+
+# converter classes that read only a BPE ``tokenizer.json`` whose pre-tokenizer they must know by its hash
+# (a released model's): they read the sentencepiece model of these checkpoints instead. The vocabulary changes
+# no number of the graph; the token ids come from the inputs file.
+SENTENCEPIECE_VOCAB = {"conversion.stablelm": "StableLMModel", "conversion.qwen": "Qwen3MoeModel"}
+
+
+def _read_sentencepiece() -> None:
+    import importlib
+
+    for module, name in SENTENCEPIECE_VOCAB.items():
+        model = getattr(importlib.import_module(module), name)
+        model.set_vocab = model._set_vocab_sentencepiece
 
 
 def _converter_module(name: str) -> bool:

@@ -9,8 +9,9 @@ edit of the GGUF in place with gguf-py (``GGUFReader(path, "r+")``): a tensor's 
 writes wrong) or a metadata value (what it writes wrong or loses). Every case is
 aligned with zero options (``tracediff align A B``). A case is right as in the torch suite
 (tests/ports/harness.py): clean exits 0, a mistake exits 1 with its first divergence at the expected module
-of A (transformers' path, relative to the root) or inside it, while the clean conversion passes (Gemma 2's
-clean conversion diverges at its activation instead: ggml's GELU table, ``Family.clean_module``).
+of A (transformers' path, relative to the root) or inside it, while the clean conversion passes (its rows
+within ggml's GELU table, a float16 rounding, accepted within a derived bound: docs/verdicts.md;
+``Family.clean_module``: a known divergence of a clean conversion).
 """
 
 from __future__ import annotations
@@ -326,6 +327,34 @@ def gemma_norm_no_shift() -> GgufBug:
                    "model.layers.0.input_layernorm", edit)
 
 
+def gemma_k_norm(name: str, what: str, change: Callable[[np.ndarray], np.ndarray]) -> GgufBug:
+    """Layer 0's k-norm weight written wrong (Gemma 3 normalises q and k per head before the rotary)."""
+    def edit(reader: Any, config: dict[str, Any]) -> None:
+        norm = tensor(reader, "blk.0.attn_k_norm.weight")
+        norm[...] = change(np.array(norm))
+
+    return GgufBug(name, what, "model.layers.0.self_attn.k_norm", edit)
+
+
+def partial_rotary_lost(key: str) -> GgufBug:
+    """The rotary dimension count not written: llama.cpp rotates the whole head where StableLM rotates a
+    quarter. transformers rotates q and k in the attention's own code and records no call between the
+    projections and ``o_proj``: the attention's output, ``o_proj``'s input, is where it shows first."""
+    def edit(reader: Any, config: dict[str, Any]) -> None:
+        rename_key(reader, key, key[:-1] + "_")
+
+    return GgufBug("partial-rotary-lost", f"{key} missing (the whole head rotated)", "model.layers.0.self_attn",
+                   edit)
+
+
+# Gemma 3 as released: five sliding-window layers, then one global (llama.cpp hard-codes that pattern), with
+# their rotary bases (llama.cpp hard-codes the sliding one); the sliding window is longer than the prompt, so
+# the layer types differ by their bases alone
+GEMMA3 = {"num_hidden_layers": 6, "sliding_window": 16, "tie_word_embeddings": True, "query_pre_attn_scalar": 16,
+          "hidden_activation": "gelu_pytorch_tanh",
+          "rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
+                              "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}}
+
 FAMILIES: dict[str, Family] = {family.name: family for family in (
     Family("llama", "LlamaConfig", "LlamaForCausalLM", {"rope_theta": 500000.0},
            (qk_not_permuted(), v_permuted(), norm_eps("llama.attention.layer_norm_rms_epsilon", 1e-5),
@@ -335,7 +364,23 @@ FAMILIES: dict[str, Family] = {family.name: family for family in (
     Family("gemma2", "Gemma2Config", "Gemma2ForCausalLM",
            {"sliding_window": 16, "tie_word_embeddings": True, "query_pre_attn_scalar": 16,
             "hidden_activation": "gelu_pytorch_tanh"},
-           (gemma_norm_no_shift(),),
-           # ggml's CPU GELU reads a float16 table (GGML_GELU_FP16): named at the activation, down_proj's input
-           clean_module="model.layers.0.mlp"),
+           # ggml's CPU GELU reads a float16 table (GGML_GELU_FP16): accepted within its derived bound
+           (gemma_norm_no_shift(),)),
+    Family("gemma3", "Gemma3TextConfig", "Gemma3ForCausalLM", GEMMA3,
+           (gemma_k_norm("k-norm-no-shift", "layer 0's attn_k_norm written as w instead of 1 + w", lambda w: w - 1),
+            gemma_k_norm("k-norm-scaled", "layer 0's attn_k_norm written twice too large", lambda w: 2 * w)),
+           ),
+    # layer_types is not written to the GGUF either: a checkpoint whose layer 1 is global converts without a
+    # word, and llama.cpp rotates that layer with the sliding layers' base (logits 0.34 apart from the released
+    # pattern's)
+    Family("gemma3-global-1", "Gemma3TextConfig", "Gemma3ForCausalLM",
+           {**GEMMA3, "layer_types": ["sliding_attention", "full_attention"] + ["sliding_attention"] * 3
+            + ["full_attention"]}, (), clean_module="model.layers.1.self_attn"),
+    Family("stablelm", "StableLmConfig", "StableLmForCausalLM", {"partial_rotary_factor": 0.25},
+           (partial_rotary_lost("stablelm.rope.dimension_count"),)),
+    Family("smollm3", "SmolLM3Config", "SmolLM3ForCausalLM", {}, (gate_up_swapped(),)),
+    # no_rope_layers is not written to the GGUF: llama.cpp ropes every layer but each fourth, as released;
+    # a checkpoint whose layer 1 has no rotary converts without a word and differs from there
+    Family("smollm3-nope-1", "SmolLM3Config", "SmolLM3ForCausalLM", {"no_rope_layers": [1, 0]}, (),
+           clean_module="model.layers.1.self_attn"),
 )}

@@ -47,6 +47,8 @@ class MlxBug:
     module: str
     edit_model: Callable[[Any], None] | None = None
     edit_config: Callable[[dict[str, Any]], None] | None = None
+    # ``tracediff align`` options of this case (none: zero options, as users run it first)
+    align_options: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -150,6 +152,8 @@ class MlxPortRun:
         argv = ["align", str(self.trace("reference")), str(self.trace(case))]
         if case == BF16:
             argv += ["--baseline", str(self.trace("reference-bf16"))]
+        elif case != CLEAN:
+            argv += list(self.port.bug(case).align_options)
         report = self.root / self.port.name / "report.json"
         out = io.StringIO()
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
@@ -195,6 +199,15 @@ def norm_eps(eps: float) -> MlxBug:
 
     return MlxBug("norm-eps", f"every decoder norm's eps {eps:g} instead of the config's",
                   "model.layers.0.input_layernorm", edit_model=edit)
+
+
+def layer_norm_eps(layer: int, eps: float, *options: str) -> MlxBug:
+    """One layer's input norm with another eps, aligned with ``options`` (tolerances a user tightened)."""
+    def edit(model: Any) -> None:
+        model.model.layers[layer].input_layernorm.eps = eps
+
+    return MlxBug(f"layer-{layer}-norm-eps", f"layer {layer}'s input norm eps {eps:g} instead of the config's",
+                  f"model.layers.{layer}.input_layernorm", edit_model=edit, align_options=options)
 
 
 def attention_scale(layer: int) -> MlxBug:

@@ -1,8 +1,10 @@
 """transformers (A) against llama.cpp running llama.cpp's own GGUF conversion (B), with zero options.
 
-Llama, Qwen2 and Gemma 2, converted by ``convert_hf_to_gguf.py`` to F32 GGUFs and run with an F32 KV cache:
-the clean conversions pass, and each mistake planted in the GGUF (tests/ports/llama_cpp_harness.py) is named
-at its module of A.
+Llama, Qwen2, Gemma 2, Gemma 3, StableLM and SmolLM3, converted by ``convert_hf_to_gguf.py`` to F32 GGUFs and
+run with an F32 KV cache and flash attention off: the clean conversions pass (ggml's GELU table read as the runtime's
+rounding), each mistake planted in the GGUF (tests/ports/llama_cpp_harness.py) is named at its module of A, and a
+checkpoint whose layer pattern the GGUF cannot hold (SmolLM3 without rotary in layer 1, Gemma 3 with a global
+layer 1) at layer 1's attention.
 """
 
 from __future__ import annotations

@@ -137,8 +137,57 @@ def test_inputs_without_token_ids_exit_2(run: GgufRun, tmp_path: Path) -> None:
     save_file({"args.0": torch.zeros(1, 4), "kwargs.mask": torch.ones(1, 4)}, str(wrong))
     code, text = _cli(["capture", str(run.gguf("clean")), "--inputs", str(wrong), "--out", str(tmp_path / "o")])
     assert code == 2
-    assert text.strip() == ("tracediff capture: error: inputs: expected the token ids as kwargs.input_ids or as "
+    assert text.strip() == (f"tracediff capture: error: {wrong}: expected the token ids as kwargs.input_ids or as "
                             "the only integer tensor, found args.0, kwargs.mask")
+    assert not (tmp_path / "o").exists()
+
+
+def _context(gguf: Path) -> int:
+    from tracediff.capturing.adapters.llama_cpp import LlamaCppAdapter
+
+    return int(LlamaCppAdapter().load(gguf, {}).n_ctx())
+
+
+# what llama.cpp fails on inside its decode (llama_decode returned -1, a numpy broadcast error, an OverflowError
+# converting to its int32 llama_token) is refused before anything is written, naming the inputs file
+@pytest.mark.parametrize(("ids", "problem"), [
+    ([5, 7, 300], "token id 300 at position 2 is outside the vocabulary of clean.gguf (300 tokens: ids 0 to 299)"),
+    ([5, -1], "token id -1 at position 1 is negative"),
+    ([2**31], f"token id {2**31} at position 0 does not fit llama.cpp's 32-bit token ids (at most {2**31 - 1})"),
+    ("context", "{n} token ids, more than the context of clean.gguf holds ({context} tokens)"),
+    ([5.0, 7.0], "the token ids must be integers, got float32"),
+], ids=["outside-vocabulary", "negative", "beyond-int32", "longer-than-context", "floats"])
+def test_token_ids_the_model_cannot_decode_exit_2(run: GgufRun, tmp_path: Path, ids: object, problem: str) -> None:
+    from safetensors.torch import save_file
+
+    gguf = run.gguf("clean")
+    if ids == "context":
+        context = _context(gguf)
+        ids, problem = [5] * (context + 1), problem.format(n=context + 1, context=context)
+    values = torch.tensor([ids], dtype=torch.float32 if isinstance(ids[0], float) else torch.int64)
+    inputs = tmp_path / "ids.safetensors"
+    save_file({"kwargs.input_ids": values}, str(inputs))
+    code, text = _cli(["capture", str(gguf), "--inputs", str(inputs), "--out", str(tmp_path / "o")])
+    *before, last = text.strip().splitlines()
+    assert (code, last) == (2, f"tracediff capture: error: {inputs}: {problem}")
+    # the vocabulary and the context are the loaded model's: llama.cpp's own warning while loading this tiny
+    # model (its context padded past the training length) may come first
+    assert all(line.startswith("llama_context: ") for line in before), before
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("kind", ["directory", "FIFO"])
+def test_a_model_path_that_is_no_regular_file_exits_2(run: GgufRun, tmp_path: Path, kind: str) -> None:
+    import os
+
+    path = tmp_path / "x.gguf"
+    if kind == "directory":
+        path.mkdir()
+    else:
+        os.mkfifo(path)  # opened without blocking: a capture that waited on it would hang here
+    code, text = _cli(["capture", str(path), "--inputs", str(run.inputs()), "--out", str(tmp_path / "o")])
+    assert (code, text.strip()) == (2, f"tracediff capture: error: {path}: the model file is a {kind}, not a "
+                                       "regular file; refused")
     assert not (tmp_path / "o").exists()
 
 

@@ -54,7 +54,7 @@ def test_culprits_exit_1_and_the_json_keeps_its_contract(llama_ref: str, capsys:
 
 
 def test_other_formats(llama_ref: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    args = ["replay", llama_ref, f"{SPECS}:two_bugs_llama", "--modules", "*layers.2.mlp*", "--no-oracle"]
+    args = ["replay", llama_ref, f"{SPECS}:two_bugs_llama", "--modules", "model.layers.2.mlp.**", "--no-oracle"]
     assert main([*args, "--format", "csv", "-o", str(tmp_path / "r.csv")]) == 1
     header = (tmp_path / "r.csv").read_text().splitlines()[0].split(",")
     assert header[:4] == ["order", "module_path_a", "module_path_b", "call_index"] and "verdict" in header

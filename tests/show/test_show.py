@@ -124,10 +124,12 @@ def test_path_glob_keeps_matches_their_subtrees_and_ancestors(hf_trace: Path) ->
         "model.layers.1.self_attn", *(f"model.layers.1.self_attn.{x}" for x in ("q_proj", "k_proj", "v_proj",
                                                                                  "o_proj"))}
     assert all(not n.tensors for n in view.nodes if n.context)
-    # The full path works too, and '*' crosses dots.
+    # The full path works too; '*' is one path segment, '**' any number (tracediff.globs).
     full = show_trace(hf_trace, path="LlamaForCausalLM.model.layers.1.self_attn")
     assert [n.module_path for n in full.nodes] == [n.module_path for n in view.nodes]
-    mlps = show_trace(hf_trace, path="*.mlp")
+    mlps = show_trace(hf_trace, path="**.mlp")
+    with pytest.raises(UsageError, match="no module path matches '\\*\\.mlp'"):  # '*' never crosses a dot
+        show_trace(hf_trace, path="*.mlp")
     assert {n.relative_path for n in mlps.nodes if not n.context and n.name == "mlp"} == {
         "model.layers.0.mlp", "model.layers.1.mlp"}
 
@@ -214,7 +216,7 @@ def test_cli_show_formats_and_errors(native_trace: Path, tmp_path: Path, capsys:
     assert out.splitlines()[0].startswith("LlamaForCausalLM: tracediff trace at ")
     assert "  model  [LlamaModel]" in out and "q_proj" not in out
     target = tmp_path / "mlp.csv"
-    assert main(["show", str(native_trace), "--path", "*.mlp", "--format", "csv", "-o", str(target)]) == 0
+    assert main(["show", str(native_trace), "--path", "**.mlp", "--format", "csv", "-o", str(target)]) == 0
     rows = list(csv.DictReader(target.open()))
     assert rows and all(".mlp" in r["module_path"] for r in rows)
     assert main(["show", str(tmp_path / "missing")]) == 2

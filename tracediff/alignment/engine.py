@@ -59,6 +59,7 @@ from .pairing.unrecorded import carry_origin, mark_unrecorded_origin
 from .result import Alignment, Job, TensorComparison, Unmatched
 from .rows import RowDraft, draft_row, freeze_rows
 from .token_choices import compare_tokens
+from .unplaced import find_unplaced
 from .verdicts.apply import check_ignore, judge
 from .verdicts.arguments import diff_arguments
 from .verdicts.noise import DEFAULT_NOISE_FACTOR
@@ -294,7 +295,7 @@ def _align(a: TraceLike, b: TraceLike, group: Group | None, *, atol: Tolerance, 
     with _workers(2 * sum(_record_bytes(ra) for _, ra, _, _ in jobs if ra.has_payload) if trace_n is not None
                   else 0) as run:
         verdicts = judge(drafts, jobs, trace_a, baseline=trace_n, noise_factor=float(noise_factor),
-                         ignore=ignore_rules, run=run, sharded=sharded)
+                         ignore=ignore_rules, run=run, sharded=sharded, trace_b=trace_b)
     set_steps(drafts, trace_b)
     again = reread_jobs(drafts, jobs, measurements, logits_patterns, sliced)
     with _workers(_pair_bytes(again)) as run:  # only what the comparison could not annotate is read again
@@ -347,6 +348,7 @@ def _align(a: TraceLike, b: TraceLike, group: Group | None, *, atol: Tolerance, 
         steps=steps, logits=logits_verdicts, tokens=compare_tokens(trace_a, trace_b), position_strip=strip,
         payloads_expected=_holds_payloads(trace_a) and _holds_payloads(trace_b),
         shard_findings=findings(trace_a, trace_b) if sharded else (),
+        unplaced=find_unplaced(matching, b_prunes_outputs=trace_b.producer == "transformers"),
         likely_source=source,
     )
 

@@ -21,7 +21,6 @@ again only in the cases :func:`annotate_rows` lists):
 
 from __future__ import annotations
 
-import fnmatch
 import math
 from collections.abc import Callable, Container, Mapping, Sequence
 from dataclasses import dataclass
@@ -40,6 +39,7 @@ from ..compare.positions import (
     sequence_dim,
 )
 from ..errors import TracediffError, UsageError
+from ..globs import matches_any
 from ..trace.load import Trace
 from ..trace.model import Node, TensorRecord
 from ..trace.payload import as_floats, is_complex
@@ -126,7 +126,7 @@ def check_logits_patterns(logits: str | Sequence[str] | None) -> tuple[str, ...]
 def is_logits_row(row: TensorComparison, relative_path: str, patterns: tuple[str, ...]) -> bool:
     if row.tensor == _LOGITS_SLOT and not relative_path:
         return True
-    return row.tensor.startswith("outputs") and any(fnmatch.fnmatchcase(relative_path, p) for p in patterns)
+    return row.tensor.startswith("outputs") and matches_any(relative_path, patterns)
 
 
 def _set(row: RowDraft, **fields: Any) -> None:

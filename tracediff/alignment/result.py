@@ -236,6 +236,27 @@ class Unmatched:
 
 
 @dataclass(frozen=True)
+class Unplaced:
+    """What of A trace B lost or left without a counterpart (``tracediff.alignment.unplaced``).
+
+    ``what``: ``"call"``, a call of A that no node of a graph trace B answers, though B has nodes left
+    unpaired at its place, between the pairs made just before and just after it (``place_b``: up to three
+    of them, ``path#call``; a node whose values changed agrees with nothing and is left there);
+    ``"block"``, a numbered block of A (``layers.1``) B does not hold; ``"outputs"``, a paired call whose
+    call in B recorded no outputs. The alignment is then undecided, never passed.
+    """
+
+    module_path_a: str
+    call_index_a: int
+    place_b: tuple[str, ...] = ()
+    what: str = "call"  # "call", "block" (B holds fewer such blocks) or "outputs" (B's call recorded none)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"module_path_a": self.module_path_a, "call_index_a": self.call_index_a, "what": self.what,
+                "place_b": list(self.place_b)}
+
+
+@dataclass(frozen=True)
 class ArgumentDiff:
     """A non-tensor argument or output that differs between two matched nodes."""
 
@@ -315,6 +336,8 @@ class Alignment:
     payloads_expected: bool = False  # both traces hold payloads: rows from statistics alone are not evidence
     # multi-rank traces: replicas the ranks disagree on (these fail the verdict) and tensors left unplaced
     shard_findings: tuple[ShardFinding, ...] = ()
+    # what of A trace B lost or left without a counterpart at its place (alignment/unplaced.py): undecided
+    unplaced: tuple[Unplaced, ...] = ()
 
     @property
     def verdict(self) -> str:
@@ -323,7 +346,8 @@ class Alignment:
 
         A verdict needs evidence: an alignment that compared no tensor, or only
         statistics where both traces hold payloads, or that ends where an
-        incomplete trace ends (unless ``align(..., allow_incomplete=True)``), is
+        incomplete trace ends (unless ``align(..., allow_incomplete=True)``), or
+        that leaves calls of A without a counterpart B lost (:attr:`unplaced`), is
         undecided, never passed; :attr:`reason` says why.
         """
         if self._tally.diverged or self._tally.unreadable or any(f.failing for f in self.shard_findings):
@@ -342,6 +366,8 @@ class Alignment:
             return (f"nothing was compared: no tensor of A ({self.model_a}) pairs with a tensor of B "
                     f"({self.model_b}), {self.matched_nodes} module calls paired; check that both are traces of one "
                     "model that hold tensors, or give --map")
+        if self.unplaced:
+            return _unplaced_reason(self.unplaced)
         unplaced = sum(not finding.failing for finding in self.shard_findings)
         if unplaced:
             return (f"{unplaced} tensor(s) of a multi-rank trace were not placed, so not compared (see the shard "
@@ -493,8 +519,17 @@ class Alignment:
             "tokens": self.tokens.to_dict() if self.tokens is not None else None,
             "position_strip": self.position_strip.to_dict() if self.position_strip is not None else None,
             "shard_findings": [finding.to_dict() for finding in self.shard_findings],
+            "unplaced": [u.to_dict() for u in self.unplaced],
             "likely_source": self.likely_source.to_dict() if self.likely_source is not None else None,
         }
+
+
+def _unplaced_reason(unplaced: tuple[Unplaced, ...]) -> str:
+    first = unplaced[0]
+    what = {"block": "B holds fewer blocks of its kind", "outputs": "its call in B recorded no outputs"}.get(
+        first.what, f"B's unpaired {', '.join(first.place_b)} run at its place, agreeing with nothing")
+    return (f"{len(unplaced)} call(s) of A have no counterpart in B, so are not compared; first "
+            f"{first.module_path_a}: {what} (see the JSON report's unplaced)")
 
 
 #: Builds a ``TensorComparison`` from the same arguments as the class, without the frozen ``__init__``'s cost.

@@ -41,7 +41,7 @@ import torch
 from torch import nn
 
 from ..errors import TraceFormatError, UsageError
-from ..replaying.inputs import NotRebuildable, Target, rebuild_inputs, substitute
+from ..replaying.inputs import NotRebuildable, Target, fresh_caches, rebuild_inputs, substitute
 from ..replaying.placement import check_device, module_device, param_dtype, prepared
 from ..replaying.shadow import seed_rng, shadow_run
 from ..trace.load import Trace, load_trace
@@ -75,7 +75,8 @@ def attribute(
         modules: ``"layers"`` (default: each decoder layer, N = number of
             layers), ``"leaves"`` (each module without submodules that holds a
             parameter: about 7 per decoder layer), or globs over B's module
-            paths (relative or full).
+            paths (relative or full; ``*`` one path segment, ``**`` any
+            number: ``"model.layers.*.mlp"``).
         budget: also choose this many calls greedily, each step measuring the
             final error with every chosen call restored at once (``budget``
             steps of up to N forwards each). Default: none.
@@ -137,7 +138,8 @@ class _Job:
         self.residual = math.nan  # the final error with every ranked call restored
         root = trace.roots[0]
         try:
-            self.args, self.kwargs = rebuild_inputs(trace, root, Target(device, param_dtype(model)))
+            self.args, self.kwargs = rebuild_inputs(trace, root, Target(device, param_dtype(model)),
+                                                    own=fresh_caches(trace, root))
         except NotRebuildable as e:
             raise UsageError(f"{trace.json_path}: A's top-level inputs cannot be rebuilt ({e})") from None
         self.recorded = {r.slot: trace.load(r) for r in root.outputs() if r.has_payload}
@@ -230,7 +232,8 @@ class _Job:
         dtype = param_dtype(module) or next(iter(slot_dtypes.values()), None) or param_dtype(self.model)
         target = Target(module_device(module, self.device), dtype, dict(slot_dtypes))
         self.module_runs += 1
-        local = local_error(self.trace, node_a, module, target, self.seed)
+        own = self.shadow.inputs.get((node.relative_path, node.call_index))
+        local = local_error(self.trace, node_a, module, target, self.seed, own)
         if not local.delta:
             self.skipped.append(SkippedUnit(node.module_path, node.call_index, local.reason))
             return None
@@ -238,7 +241,7 @@ class _Job:
             # its plain kernel is not its real one (it rounds activations): its plain local error is its own
             self.module_runs += 1
             with self.surrogates:
-                plain = local_error(self.trace, node_a, module, target, self.seed)
+                plain = local_error(self.trace, node_a, module, target, self.seed, own)
             if plain.delta.keys() == local.delta.keys():
                 self.plain_deltas[(node.relative_path, node.call_index)] = plain.delta
         return local

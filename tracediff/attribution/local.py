@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..replaying.inputs import NotRebuildable, Target, output_slots, rebuild_inputs
+from ..replaying.inputs import Inputs, NotRebuildable, Target, output_slots, rebuild_inputs
 from ..replaying.shadow import seed_rng
 from ..trace.load import Trace
 from ..trace.model import Node
@@ -42,10 +42,14 @@ def _eps(dtype: torch.dtype) -> float:
     return float(torch.finfo(dtype).eps) if dtype.is_floating_point else 0.0
 
 
-def local_error(trace: Trace, node_a: Node, module: nn.Module, target: Target, seed: int) -> LocalError:
-    """Run ``module`` on A's recorded inputs of ``node_a`` and compare with A's recorded outputs; never raises."""
+def local_error(trace: Trace, node_a: Node, module: nn.Module, target: Target, seed: int,
+                own: Inputs | None = None) -> LocalError:
+    """Run ``module`` on A's recorded inputs of ``node_a`` and compare with A's recorded outputs; never raises.
+
+    ``own``: what B's own forward passed this call (the shadow run): an argument A's trace knows only by its
+    repr (a KV cache) is taken from it (:func:`~tracediff.replaying.inputs.rebuild_inputs`)."""
     try:
-        args, kwargs = rebuild_inputs(trace, node_a, target)
+        args, kwargs = rebuild_inputs(trace, node_a, target, own=own)
     except NotRebuildable as e:
         return LocalError(reason=f"A's inputs cannot be rebuilt: {e}")
     recorded = {r.slot: r for r in node_a.outputs() if r.has_payload}

@@ -8,17 +8,20 @@
   (Linear, Embedding, norms; a quantized Linear keeps its path). The finest
   choice: N is about seven per decoder layer.
 * any other string (or several): globs over B's module paths, relative
-  (``model.layers.*.mlp``) or full (``LlamaForCausalLM.model.layers.0``).
+  (``model.layers.*.mlp``) or full (``LlamaForCausalLM.model.layers.0``), in
+  transformers' convention (:mod:`tracediff.globs`): ``*`` is one path
+  segment, ``**`` any number (``model.layers.*`` is the layers, not what is
+  inside them).
 """
 
 from __future__ import annotations
 
-import fnmatch
 from collections.abc import Sequence
 
 from torch import nn
 
 from ..errors import UsageError
+from ..globs import matches_any
 from ..trace.model import Node
 
 LAYERS = "layers"
@@ -65,7 +68,7 @@ def selected_calls(model: nn.Module, calls: Sequence[Node], modules: str | Seque
         wanted = set(leaf_paths(model))
         return [n for n in calls if n.relative_path in wanted], LEAVES
     chosen = [n for n in calls if n.relative_path and any(
-        fnmatch.fnmatchcase(name, p) for name in (n.relative_path, n.module_path) for p in patterns)]
+        matches_any(name, patterns) for name in (n.relative_path, n.module_path))]
     if not chosen:
         raise UsageError(f"--modules {' '.join(patterns)}: matches no module call of {type(model).__name__}")
     return chosen, "glob"

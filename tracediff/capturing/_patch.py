@@ -24,7 +24,7 @@ from torch import nn
 
 from .compiled import patch_plan
 from .observer import CallObserver
-from .record_op import recorded_in_graph, register_site, release_sites, site_code
+from .record_op import Lost, recorded_in_graph, register_site, release_sites, site_code
 
 _MISSING = object()
 
@@ -35,7 +35,8 @@ class ForwardPatch:
     ``root_name`` prefixes every path (``LlamaModel.layers.0``); the root
     module itself is reported as ``root_name``. ``child_grad_mode`` wraps the
     original forward of every submodule (not the root) in a context, e.g.
-    ``torch.no_grad`` for the standard debugger's behaviour.
+    ``torch.no_grad`` for the standard debugger's behaviour. ``lost`` is told of
+    a call recorded inside compiled code whose record cannot be placed.
     """
 
     def __init__(
@@ -46,6 +47,7 @@ class ForwardPatch:
         root_name: str,
         child_context: Callable[[], contextlib.AbstractContextManager[Any]] | None = None,
         compiled_regions_only: bool = False,
+        lost: Lost | None = None,
     ) -> None:
         self._saved: list[tuple[nn.Module, str, Any]] = []
         self._sites: list[int] = []  # where a compiled graph's records go (record_op.py)
@@ -55,7 +57,7 @@ class ForwardPatch:
         for name, module, attribute in patch_plan(model, regions_only=compiled_regions_only):
             path = f"{root_name}.{name}" if name else root_name
             self._saved.append((module, attribute, module.__dict__.get(attribute, _MISSING)))
-            site = register_site(module, path, observer, attribute)
+            site = register_site(module, path, observer, attribute, lost=lost)
             self._sites.append(site)
             setattr(module, attribute, self._wrap(module, path, getattr(module, attribute), site, is_root=not name))
 

@@ -11,11 +11,17 @@ Every way a model is compiled is captured, with the model's own module paths:
 How values are taken. When Dynamo traces a patched ``forward`` (:mod:`._patch`), the call is recorded from
 inside the graph by the opaque op ``tracediff::record`` (:mod:`.record_op`), never by tracediff's Python
 code, which Dynamo therefore never traces: no graph break is added, the graph is the one Dynamo builds for
-the model, and the recorded tensors are the ones the compiled code computed. What may still differ from an
-uncaptured compiled run: every recorded module output is materialised in memory, so a value inductor would
-have kept in registers inside a fused kernel is stored in its dtype first. In float32 that changes no bit
-(a store rounds nothing); in bfloat16 or float16 a consumer fused with its producer may then read the
-rounded value where it would have used the float32 one. docs/compiled.md gives the measurements.
+the model, and the recorded tensors are the ones the compiled code computed. The records are chained by a
+data dependency, so the compiler keeps them in program order (inductor's default reordering moved records
+chained by an effect token alone); one that still cannot be placed is counted in the metadata's
+``unrecorded_calls`` and the capture is incomplete, never a shorter tree called complete.
+
+What may still differ from an uncaptured compiled run: every recorded module output is materialised in
+memory, so a value inductor would have kept in registers inside a fused kernel is stored in its dtype
+first. In float32 a store rounds nothing, though the kernels around it may be fused otherwise (float32
+rounding: bit-identical logits on some stock models, 1e-7 apart on others); in bfloat16 or float16 a
+consumer fused with its producer may then read the rounded value where it would have used the float32
+one. docs/compiled.md gives the measurements.
 
 ``CompileWatch`` notes the compiled regions and Dynamo's counters around a capture, for the trace metadata's
 ``compile`` object: how the capture changed the compilation (graphs compiled, graph breaks and their

@@ -49,6 +49,12 @@ TensorMode = Literal["full", "summary", "repr"]
 __all__ = ["Encoder", "TensorMode", "as_json", "is_json_safe"]
 
 
+def tensor_version(tensor: torch.Tensor) -> int | None:
+    """The tensor's in-place version counter; None for a tensor made under ``torch.inference_mode()``, which
+    keeps none (its version cannot tell whether it changed, so nothing may be reused on its account)."""
+    return None if tensor.is_inference() else tensor._version
+
+
 class Encoder:
     """Encodes values for one capture; keeps the payload counters and what it has seen."""
 
@@ -66,7 +72,7 @@ class Encoder:
         self.payload_bytes = 0
         self.devices: set[str] = self.stage.devices
         self.dtypes: set[str] = self.stage.dtypes
-        self._seen: dict[int, tuple[weakref.ref[torch.Tensor], int, dict[str, Any]]] = {}
+        self._seen: dict[int, tuple[weakref.ref[torch.Tensor], int | None, dict[str, Any]]] = {}
         self._stats_buffers = StatsBuffers()
         self._device_stats = DeviceStats(self._stats_buffers)
         # payloads to write once ``value`` is encoded, with the statistics the writer computes (or None)
@@ -122,7 +128,8 @@ class Encoder:
 
     def _tensor(self, value: torch.Tensor, name: str) -> dict[str, Any]:
         seen = self._seen.get(id(value))
-        if seen is not None and seen[0]() is value and seen[1] == value._version:
+        version = tensor_version(value)
+        if seen is not None and seen[0]() is value and version is not None and seen[1] == version:
             return seen[2]
         layout = placements = None
         tensor = value
@@ -142,7 +149,7 @@ class Encoder:
         def forget(_ref: weakref.ref[torch.Tensor], key: int = key) -> None:
             self._seen.pop(key, None)
 
-        self._seen[key] = (weakref.ref(value, forget), value._version, entry)
+        self._seen[key] = (weakref.ref(value, forget), version, entry)
         return entry
 
     def _measure(self, tensor: torch.Tensor, on_device: bool) -> dict[str, Any]:

@@ -59,7 +59,9 @@ def capture_file(
         tensors: ``"full"``, ``"summary"`` or ``"repr"``, as for :func:`tracediff.capture`.
 
     Raises:
-        UsageError: no adapter opens the file, the file does not load, the inputs lack what the model needs.
+        UsageError: no adapter opens the file (or it is no regular file), the file does not load, the inputs
+            lack what the model needs or hold what it cannot run (llama.cpp: token ids outside its vocabulary,
+            negative or beyond 32 bits, more of them than its context holds).
         InputsFileError: the inputs file is missing or unreadable.
     """
     path = Path(model_file)
@@ -69,8 +71,11 @@ def capture_file(
     tensors_in = read_inputs(inputs)
     check_inputs = getattr(adapter, "check_inputs", None)  # refused before anything is loaded or written
     if check_inputs is not None:
-        check_inputs(tensors_in)
+        check_inputs(tensors_in, str(inputs))
     model = adapter.load(path, dict(options or {}))
+    check_run = getattr(adapter, "check_run", None)  # what the loaded model cannot run, before anything is written
+    if check_run is not None:
+        check_run(model, tensors_in, str(inputs))
     with capture(model, out_dir, tensors=tensors, overwrite=overwrite) as session:
         adapter.run_inputs(model, tensors_in)
     return session

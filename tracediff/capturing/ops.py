@@ -71,6 +71,8 @@ from torch.utils._pytree import tree_flatten
 
 from .. import format as fmt
 from ..errors import UsageError
+from ..globs import matches_any
+from .encode import tensor_version
 
 # Views and queries of shape or metadata: they create no new values worth comparing.
 DEFAULT_EXCLUDED: tuple[str, ...] = (
@@ -150,7 +152,7 @@ class OpSelection:
         if not self.inside:
             return True
         relative = path.split(".", 1)[1] if "." in path else ""
-        return any(fnmatch.fnmatchcase(path, p) or fnmatch.fnmatchcase(relative, p) for p in self.inside)
+        return matches_any(path, self.inside) or matches_any(relative, self.inside)
 
     def to_dict(self) -> dict[str, Any]:
         return {"include": list(self.include) if self.include is not None else None, "exclude": list(self.exclude),
@@ -266,7 +268,7 @@ class OpRecorder:
         # An in-place op changes its inputs: encode them before it runs; other ops' inputs once the op is kept.
         in_place = name.endswith("_") and not name.endswith("__") or name.rsplit(".", 1)[-1].startswith("__i")
         before = _tensors((args, kwargs))
-        versions = [t._version for t in before]
+        versions = [tensor_version(t) for t in before]
         inputs = self._inputs(frame, name, args, kwargs) if in_place else None
         result = func(*args, **kwargs)
         try:
@@ -288,10 +290,11 @@ class OpRecorder:
             self.unrecorded += 1
         return result
 
-    def _worth_recording(self, outputs: list[torch.Tensor], before: list[torch.Tensor], versions: list[int]) -> bool:
+    def _worth_recording(self, outputs: list[torch.Tensor], before: list[torch.Tensor],
+                         versions: list[int | None]) -> bool:
         if self.selection.min_numel and all(t.numel() < self.selection.min_numel for t in outputs):
             return False
-        unchanged = {id(t) for t, v in zip(before, versions) if t._version == v}
+        unchanged = {id(t) for t, v in zip(before, versions) if v is not None and tensor_version(t) == v}
         return not all(id(t) in unchanged for t in outputs)
 
     def _stem(self, frame: _Frame, name: str, index: int) -> str:

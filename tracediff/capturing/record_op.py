@@ -4,17 +4,19 @@ When Dynamo traces a patched ``forward`` (:mod:`._patch`), the recorder's Python
 it would break the graph at every module, and what it records would be fake tensors. Instead the traced
 code calls this op twice per module call::
 
-    tracediff::record(Tensor[] tensors, int site, int event, str skeleton) -> ()
+    tracediff::record(Tensor[] tensors, Tensor(a!) order, int site, int event, str skeleton) -> ()
 
 ``site`` names the patched module (``register_site``), ``event`` is ``ENTER`` (the call's ``(args,
 kwargs)``) or ``EXIT`` (its output), ``tensors`` are the tensors of that value and ``skeleton`` is the
 rest of it, as JSON built while tracing (``skeleton``): numbers, strings, ``None``, lists and dicts, each
 tensor as ``{"t": index}``, any other object as ``{"o": "TypeName"}``.
 
-The op is registered with an ordered effect: AOTAutograd threads an effect token through every call, so
-no graph pass drops it (it returns nothing) or reorders it against another record, and inductor hands it
-the materialised tensor the compiled code computed, while fusion elsewhere stays as it was. At run time its
-kernel rebuilds the value from the skeleton and reports it to the site's observer, as the eager path does.
+Every record declares that it writes one tensor, ``ORDER``: functionalization turns that into a chain of
+data dependencies from each record to the next, so no graph pass drops a record (a write to a graph input
+is kept) or reorders two, and inductor hands it the materialised tensor the compiled code computed, while
+fusion elsewhere stays as it was. At run time its kernel rebuilds the value from the skeleton and reports
+it to the site's observer, as the eager path does; a return that arrives with no call open at its site is
+reported as lost (``register_site(lost=...)``), never dropped in silence.
 """
 
 from __future__ import annotations
@@ -29,7 +31,6 @@ from types import CodeType
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch._library.effects import EffectType
 
 if TYPE_CHECKING:
     from .observer import CallObserver
@@ -39,8 +40,8 @@ EXIT = 1
 TENSOR, NUMBER, FLOAT, STRING, OBJECT, DICT = "t", "n", "f", "s", "o", "d"
 
 
-@torch.library.custom_op("tracediff::record", mutates_args=())
-def record(tensors: list[torch.Tensor], site: int, event: int, skeleton: str) -> None:
+@torch.library.custom_op("tracediff::record", mutates_args=("order",))
+def record(tensors: list[torch.Tensor], order: torch.Tensor, site: int, event: int, skeleton: str) -> None:
     """Report one side of a module call (see the module docstring); never raises into the forward."""
     entry = _SITES.get(site)
     if entry is not None:
@@ -48,11 +49,16 @@ def record(tensors: list[torch.Tensor], site: int, event: int, skeleton: str) ->
 
 
 @record.register_fake
-def _record_fake(tensors: list[torch.Tensor], site: int, event: int, skeleton: str) -> None:
+def _record_fake(tensors: list[torch.Tensor], order: torch.Tensor, site: int, event: int, skeleton: str) -> None:
     return None
 
 
-record.register_effect(EffectType.ORDERED)
+# What every record writes (declared, never changed): functionalization makes each record read the version of
+# ``ORDER`` the previous record wrote, a data dependency that no compiler pass can reorder. An ordered effect
+# is not enough: inductor (torch 2.13) files the effect's ordering edge under a name its scheduler never looks
+# up (pytorch/pytorch#188301), so its memory-planning reorder (reorder_for_peak_memory, on by default) moved
+# the records of stock transformers models out of program order.
+ORDER = torch.zeros(1)
 
 
 class Opaque:
@@ -70,14 +76,22 @@ def _opaque_type(name: str) -> type[Opaque]:
     return type(name, (Opaque,), {"type_name": name})
 
 
-class _Site:
-    """One patched module: where its records go, and the tokens of its calls still open."""
+#: Told of a call that ran and whose record cannot be placed: ``lost(path, call_index or None, why)``.
+Lost = Callable[[str, int | None, str], None]
+RETURN_WITHOUT_START = "its return was recorded without its start: the call is missing from the tree"
 
-    def __init__(self, module: Any, path: str, observer: CallObserver) -> None:
+
+class _Site:
+    """One patched module: where its records go, the tokens of its calls still open, and its returns that
+    came with no call open (``orphans``; a start that comes after one is the same call, out of order)."""
+
+    def __init__(self, module: Any, path: str, observer: CallObserver, lost: Lost | None) -> None:
         self.module = module
         self.path = path
         self.observer = observer
+        self.lost = lost
         self.open: list[Any] = []
+        self.orphans = 0
 
     def receive(self, event: int, tensors: list[torch.Tensor], skeleton: str) -> None:
         try:
@@ -89,8 +103,19 @@ class _Site:
         if event == ENTER:
             args, kwargs = _call_arguments(value)
             self.open.append(self.observer.enter(self.module, self.path, args, kwargs))
+            # the return that came first: this call is left open, and counted when its caller returns
+            self.orphans = max(0, self.orphans - 1)
         elif self.open:
             self.observer.exit(self.open.pop(), value)
+        else:
+            self.orphans += 1
+
+    def release(self) -> None:
+        """Report the returns that never met their start (called once, when the capture ends)."""
+        if self.lost is not None:
+            for _ in range(self.orphans):
+                self.lost(self.path, None, RETURN_WITHOUT_START)
+        self.orphans = 0
 
 
 _SITES: dict[int, _Site] = {}  # the sites of the captures under way
@@ -102,14 +127,15 @@ _NEXT_SITE = itertools.count()
 _SITES_LOCK = threading.Lock()
 
 
-def register_site(module: Any, path: str, observer: CallObserver, attribute: str = "forward") -> int:
+def register_site(module: Any, path: str, observer: CallObserver, attribute: str = "forward",
+                  lost: Lost | None = None) -> int:
     """The site number of ``module``'s ``attribute`` at ``path``, reporting to ``observer`` until released."""
     with _SITES_LOCK:
         numbers = _SITE_NUMBERS.setdefault(module, {})
         site = numbers.get((attribute, path))
         if site is None:
             site = numbers[(attribute, path)] = next(_NEXT_SITE)
-        _SITES[site] = _Site(module, path, observer)
+        _SITES[site] = _Site(module, path, observer, lost)
     return site
 
 
@@ -124,10 +150,13 @@ def site_code(site: int, code: CodeType) -> CodeType:
 
 
 def release_sites(sites: list[int]) -> None:
-    """Stop reporting the records of ``sites`` (a graph compiled during a capture may still run them)."""
+    """Stop reporting the records of ``sites`` (a graph compiled during a capture may still run them); report
+    their returns that never met their start as lost."""
     with _SITES_LOCK:
-        for site in sites:
-            _SITES.pop(site, None)
+        released = [_SITES.pop(site, None) for site in sites]
+    for entry in released:
+        if entry is not None:
+            entry.release()
 
 
 def _call_arguments(value: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -172,11 +201,11 @@ def recorded_in_graph(site: int, original: Callable[..., Any], args: tuple[Any, 
     """``original(*args, **kwargs)`` with its call recorded through ``tracediff::record`` (traced by Dynamo)."""
     tensors: list[torch.Tensor] = []
     shape = skeleton([list(args), kwargs], tensors)
-    torch.ops.tracediff.record(tensors, site, ENTER, shape)
+    torch.ops.tracediff.record(tensors, ORDER, site, ENTER, shape)
     out = original(*args, **kwargs)
     tensors = []
     shape = skeleton(out, tensors)
-    torch.ops.tracediff.record(tensors, site, EXIT, shape)
+    torch.ops.tracediff.record(tensors, ORDER, site, EXIT, shape)
     return out
 
 

@@ -77,6 +77,7 @@ from .tokens import check_forcing_model, forcing_option, read_reference_tokens
 from .verify import Verification, compare_outputs
 
 _TENSOR_MODES = ("full", "summary", "repr")
+RETURN_NOT_RECORDED_WHY = "its return was not recorded before its caller's: its outputs are missing"
 
 
 @dataclass
@@ -132,6 +133,10 @@ class _NativeRecorder:
         self.styles: dict[int, tuple[str | None, str | None, str]] = {}
         self.compiled: CompileWatch | None = None  # the compiled regions and Dynamo's activity (compiled.py)
         self.observer: CallObserver = self  # what module calls are reported to (op-level capture wraps it)
+        # Calls that ran and whose record could not be placed: counted where they were intercepted, apart from
+        # the tree, so that a capture that lost one never says it is complete (the metadata's unrecorded_calls).
+        self.unrecorded = 0
+        self.unrecorded_examples: list[dict[str, Any]] = []
         self.graph = GraphNodes(self)  # what a graph runtime's nodes are written through (graph.py)
 
     # --- a graph runtime's nodes (graph.py: the GraphNodeSink an adapter is handed) ------------------------------
@@ -180,6 +185,8 @@ class _NativeRecorder:
 
     def exit(self, token: Any, output: Any) -> None:
         node, prefix, args, kwargs, module = token
+        if not self._open(node):
+            return  # closed already, when a call it was inside returned first: counted as unrecorded then
         node[fmt.OUTPUTS] = self._encode(output, fmt.payload_name(prefix, fmt.OUTPUTS))
         style = self.styles.get(id(module)) if self.styles else None
         if style is not None:
@@ -191,12 +198,14 @@ class _NativeRecorder:
 
     def error(self, token: Any, exc: BaseException) -> None:
         node = token[0]
+        if not self._open(node):
+            return
         message = sanitize_repr(str(exc)).splitlines()[0] if str(exc) else ""
         node[fmt.ERROR] = fmt.error_entry(type(exc).__name__, message)
         if self._raised_in_call is None:  # the innermost module, where the exception was raised
             self._raised_in_call = {fmt.MODULE_PATH: node[fmt.MODULE_PATH], fmt.CALL_INDEX: node[fmt.CALL_INDEX],
                                     **node[fmt.ERROR]}
-        if self._close(node):
+        if self._close(node, error=node[fmt.ERROR]):
             if self.escaped_error is None:
                 self.escaped_error = self._raised_in_call
             self._raised_in_call = None
@@ -228,13 +237,34 @@ class _NativeRecorder:
         if self.journal is not None:
             self.journal.backward(node, self.encoder.when_complete)
 
-    def _close(self, node: dict[str, Any]) -> bool:
-        """Attach a finished call to its parent; True when it was a top-level call."""
+    def call_lost(self, path: str, call_index: int | None, why: str) -> None:
+        """A call ran and its record cannot be placed in the tree (compiled code's records: record_op.py)."""
+        self.unrecorded += 1
+        if len(self.unrecorded_examples) < fmt.UNRECORDED_EXAMPLES:
+            self.unrecorded_examples.append(fmt.unrecorded_call_entry(path, call_index, why))
+
+    def _open(self, node: dict[str, Any]) -> bool:
+        """True while ``node``'s call is on the stack (at its top, unless records came out of order)."""
+        return bool(self.stack) and (self.stack[-1] is node or any(open_node is node for open_node in self.stack))
+
+    def _close(self, node: dict[str, Any], *, error: dict[str, Any] | None = None) -> bool:
+        """Attach a finished call to its parent; True when it was a top-level call.
+
+        Calls still open inside it are closed first. With ``error`` (the exception that ended ``node``) they
+        raised it too; without, ``node`` returned before them: their return was not recorded in order (records
+        of compiled code out of program order), so each is kept without outputs and counted unrecorded.
+        """
+        while self.stack and self.stack[-1] is not node and self._open(node):
+            inner = self.stack[-1]
+            if error is not None:
+                inner[fmt.ERROR] = error
+            else:
+                inner[fmt.ERROR] = fmt.error_entry(fmt.RETURN_NOT_RECORDED, RETURN_NOT_RECORDED_WHY)
+                self.call_lost(inner[fmt.MODULE_PATH], inner[fmt.CALL_INDEX], RETURN_NOT_RECORDED_WHY)
+            self._close(inner, error=error)
         if self.journal is not None:  # written once the call's payloads are on disk
             self.journal.finished(node, self.encoder.when_complete)
-        while self.stack and self.stack[-1] is not node:
-            self.stack.pop()
-        if self.stack:
+        if self.stack and self.stack[-1] is node:
             self.stack.pop()
         if not node[fmt.CHILDREN]:
             del node[fmt.CHILDREN]
@@ -599,6 +629,7 @@ def _finish(
     session.error = recorder.escaped_error
     session.complete = (
         recorder.tree is not None and recorder.escaped_error is None and recorder.failure is None and not open_calls
+        and not recorder.unrecorded
     )
     metadata = encoder.stage.metadata({  # the stage adds the version, devices, dtypes and framework
         "torch_version": torch.__version__,
@@ -614,6 +645,7 @@ def _finish(
         "error": recorder.escaped_error,
         "capture_failure": str(recorder.failure) if recorder.failure else None,
         "calls": session.calls,
+        fmt.UNRECORDED_CALLS: fmt.unrecorded_calls_entry(recorder.unrecorded, recorder.unrecorded_examples),
         "payload_files": encoder.files,
         "payload_bytes": encoder.payload_bytes,
         "verification": session.verification.to_dict() if session.verification is not None else None,

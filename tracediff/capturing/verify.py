@@ -2,7 +2,8 @@
 
 Two model outputs are compared leaf by leaf through their nesting (tuples,
 lists, dicts, dataclasses). Tensors must match in shape, dtype and every bit
-(NaN payloads included); other leaves must be equal.
+(NaN payloads included); other leaves must be equal. An object recorded inside a compiled graph by its
+type name only (a cache: ``record_op.Opaque``) is not compared: the capture never saw it.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 import torch
 
 from ..files.payloads import byte_view
+from .record_op import Opaque
 
 
 @dataclass(frozen=True)
@@ -55,7 +57,7 @@ def compare_outputs(captured: Any, plain: Any) -> Verification:
 
 
 def _walk(a: Any, b: Any, where: str, differences: list[str], depth: int = 0) -> int:
-    if depth > 64:
+    if depth > 64 or isinstance(a, Opaque):  # an object a compiled graph did not keep (record_op.py): not seen
         return 0
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
         if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):

@@ -16,7 +16,8 @@ def add_alignment_options(parser: argparse.ArgumentParser) -> None:
                                                "that `tracediff import` recognises (imported on the fly)")
     parser.add_argument("b", metavar="B", help="trace folder (or dump) to check")
     parser.add_argument("--atol", action="append", metavar="F|PATTERN=F",
-                        help="absolute tolerance, global or per module-path glob (repeatable)")
+                        help="absolute tolerance, global or per module-path glob (repeatable; a glob covers the "
+                             "modules under what it matches; '*' is one path segment, '**' any number)")
     parser.add_argument("--rtol", action="append", metavar="F|PATTERN=F",
                         help="relative tolerance, global or per module-path glob (repeatable)")
     parser.add_argument("--map", metavar="FILE",

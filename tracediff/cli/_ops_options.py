@@ -19,7 +19,8 @@ def add_ops_options(parser: argparse.ArgumentParser) -> None:
                        help="do not record ops whose name matches (repeatable)")
     group.add_argument("--ops-in", action="append", default=[], metavar="GLOB",
                        help="record ops only inside module calls whose path matches, and their submodules "
-                            "(repeatable; e.g. 'layers.1.self_attn')")
+                            "(repeatable; e.g. 'layers.1.self_attn', 'model.layers.*.self_attn': '*' is one path "
+                            "segment, '**' any number)")
     group.add_argument("--ops-min-numel", type=int, default=0, metavar="N",
                        help="skip ops whose tensor outputs all have fewer than N elements (default 0)")
 

@@ -31,12 +31,12 @@ module paths as suggestions.
 from __future__ import annotations
 
 import difflib
-import fnmatch
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 
 from ..errors import UsageError
+from ..globs import covers
 
 _DEFAULTS: dict[str, tuple[float, float]] = {  # (atol, rtol)
     "torch.float64": (1e-7, 1e-7),
@@ -97,7 +97,7 @@ def parse_cli_tolerances(values: Iterable[str] | None, name: str) -> Tolerance:
 
 
 def _covers(pattern: str, path: str) -> bool:
-    return fnmatch.fnmatchcase(path, pattern) or fnmatch.fnmatchcase(path, f"{pattern}.*")
+    return covers(pattern, path)
 
 
 @dataclass

@@ -28,7 +28,6 @@ A short tour::
 
 from __future__ import annotations
 
-import fnmatch
 import math
 import sys
 import time
@@ -43,12 +42,13 @@ from torch import nn
 from ..alignment.pairing.calls import MATCH_MODES, match_nodes
 from ..alignment.pairing.slots import Parameters, inputs_set_aside, pair_tensors
 from ..errors import TraceFormatError, UsageError
+from ..globs import matches_any
 from ..maps.rules import _UNSET, MapSpec, SlotRules, apply_rename, map_argument, read_map
 from ..trace.load import Trace, load_trace
 from ..trace.model import Node
 from .compiled import NO_ORACLE_WHEN_COMPILED, CompiledRuns, compiling, eager, is_compiled, own_module_table, uncompiled
 from .culprits import Candidate, decide, open_calls
-from .inputs import NotRebuildable, Target, output_slots, rebuild_inputs
+from .inputs import NotRebuildable, Target, fresh_caches, output_slots, rebuild_inputs
 from .inside import blocker, host, judged_in_run
 from .layout import bound_to
 from .oracle import NOISE_MULTIPLIER, float64_copy, oracle_device
@@ -93,7 +93,9 @@ def replay(
             tolerance blames B.
         modules: a glob (or several) over module paths, relative
             (``model.layers.0.mlp``) or full, of A or B: only those calls
-            are replayed (default: every call).
+            are replayed (default: every call). ``*`` is one path segment,
+            ``**`` any number: ``"model.layers.0.**"`` is layer 0 and every
+            call inside it.
         device: move ``model_b`` there for the replay (default: where it is).
         progress: a progress bar on stderr (only when it is a terminal).
         patch: for each culprit, rerun B's whole forward with that call's
@@ -214,7 +216,8 @@ class _Job:
     def _shadow(self) -> None:
         root_a = self.trace.roots[0]
         try:
-            self.root_inputs = rebuild_inputs(self.trace, root_a, Target(self.device, self.model_dtype))
+            self.root_inputs = rebuild_inputs(self.trace, root_a, Target(self.device, self.model_dtype),
+                                              own=fresh_caches(self.trace, root_a))
         except NotRebuildable as e:
             self.warnings.append(f"A's top-level inputs cannot be rebuilt ({e}): calls are matched by name only, "
                                  "and there is no end-to-end error")
@@ -616,7 +619,7 @@ def _indexer(node: Node) -> Callable[[str, int], int | None]:
 
 def _selected(pair: tuple[Node, Node], patterns: list[str]) -> bool:
     names = [pair[0].relative_path, pair[0].module_path, pair[1].relative_path, pair[1].module_path]
-    return any(fnmatch.fnmatchcase(name, pattern) for name in names for pattern in patterns)
+    return any(matches_any(name, patterns) for name in names)
 
 
 def _progress_bar(enabled: bool, total: int) -> Any:

@@ -9,16 +9,26 @@ dicts. Tensors are read from their payloads and cast to the dtype B's own
 forward gave that slot (or B's module's parameters' dtype), then moved to
 B's device; integer and bool tensors keep their dtype.
 
-A value the trace knows only by its repr (a KV cache, an arbitrary object),
-a tensor without payload (SUMMARY or ``repr`` traces, or a payload a later
-call overwrote in the standard trace), or a missing position raises
+A value the trace knows only by its repr (a transformers ``DynamicCache``, a
+config, an arbitrary object) is rebuilt the way B's own forward builds it:
+with ``own``, what B's forward passed the same call (the shadow run on A's
+top-level inputs, :mod:`.shadow`), the value at the same slot is taken, a
+stateful one (a KV cache) as a fresh copy of what it held when B's forward
+first passed it (:mod:`.states`). On a trace of ``model(input_ids=ids)``
+each layer's cache is then the empty cache B's forward made, as A's was: a
+prefill's layer attends over its own keys and values only. Without such a
+value, a tensor without payload (SUMMARY or ``repr`` traces, or a payload a
+later call overwrote in the standard trace), or a missing position raises
 ``NotRebuildable`` with the reason; the call is then listed as skipped.
+For the top-level call, :func:`fresh_caches` leaves a cache passed in for a
+prefill to B's forward (``None`` in its place: B builds its own).
 """
 
 from __future__ import annotations
 
 import ast
 import dataclasses
+import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -27,9 +37,11 @@ import torch
 from ..errors import TracediffError
 from ..trace.load import Trace
 from ..trace.model import Node, ReprValue, TensorRecord
+from .states import Snapshot
 
 _LITERAL_REPR_LIMIT = 200
 Loader = Callable[[TensorRecord], torch.Tensor]
+Inputs = tuple[tuple[Any, ...], dict[str, Any]]
 
 
 class NotRebuildable(Exception):
@@ -58,8 +70,81 @@ def _literal(value: ReprValue, slot: str) -> Any:
             parsed = ReprValue
         if parsed is None or isinstance(parsed, (bool, int, float, str)):
             return parsed
-    shown = text if len(text) <= 60 else text[:57] + "..."
-    raise NotRebuildable(f"{slot} is known only by its repr ({shown})")
+    raise NotRebuildable(f"{slot} is known only by its repr ({_shown(text)})")
+
+
+def fresh_caches(trace: Trace, root: Node) -> Inputs | None:
+    """For a top-level call: ``None`` in place of each KV cache A's trace knows only by its repr (a
+    ``DynamicCache`` passed in by hand, or by ``generate``), when A's call was a prefill, as ``own`` for
+    :func:`rebuild_inputs`; ``None`` when there is no such cache or no evidence of a prefill.
+
+    The evidence is the first ``position_ids`` or ``cache_position`` tensor recorded inside the call: when
+    each of its rows starts at 0, the cache held no earlier step, and B's forward, given none, builds the
+    empty cache A's started from. A cache that held earlier steps is left unrebuildable."""
+    names = [slot.split(".", 2)[2] for slot, value in root.values.items()
+             if slot.startswith("inputs.kwargs.") and slot.count(".") == 2
+             and isinstance(value, ReprValue) and _CACHE_REPR.match(str(value))]
+    if not names or not _starts_at_zero(trace, root):
+        return None
+    return (), dict.fromkeys(names)
+
+
+_CACHE_REPR = re.compile(r"\w*Cache\(")
+_POSITIONS = (".position_ids", ".cache_position")
+
+
+def _starts_at_zero(trace: Trace, root: Node) -> bool:
+    for node in root.walk():
+        for record in node.inputs():
+            if record.slot.endswith(_POSITIONS) and record.has_payload and record.stale_reason is None:
+                try:
+                    positions = trace.load(record)
+                except TracediffError:
+                    return False
+                if positions.numel() == 0 or positions.is_floating_point():
+                    return False
+                rows = positions.reshape(-1, positions.shape[-1]) if positions.dim() else positions.reshape(1, 1)
+                return bool((rows.min(dim=-1).values == 0).all())
+    return False
+
+
+def _repr_value(value: ReprValue, slot: str, own: Inputs | None, target: Target) -> Any:
+    """A literal written as a repr, else B's own value at ``slot`` (a fresh copy of a stateful one)."""
+    try:
+        return _literal(value, slot)
+    except NotRebuildable:
+        found, mine = _at_slot(own, slot)
+        if not found:
+            raise
+    if isinstance(mine, Snapshot):
+        return mine.copy(target.dtype, target.device)
+    if isinstance(mine, (torch.Tensor, list, tuple, dict)):  # B passes a value A did not: not the same argument
+        raise NotRebuildable(f"{slot} is known only by its repr ({_shown(str(value))}), and B passes a "
+                             f"{type(mine).__name__} there")
+    return mine
+
+
+def _at_slot(own: Inputs | None, slot: str) -> tuple[bool, Any]:
+    """``(True, value)`` at ``slot`` of ``own`` (``inputs.kwargs.cache``, ``inputs.args.1.0``), else
+    ``(False, None)``."""
+    if own is None:
+        return False, None
+    parts = slot.split(".")
+    if len(parts) < 3 or parts[1] not in ("args", "kwargs"):
+        return False, None
+    level: Any = own[0] if parts[1] == "args" else own[1]
+    for part in parts[2:]:
+        if isinstance(level, dict) and part in level:
+            level = level[part]
+        elif isinstance(level, (list, tuple)) and part.isdigit() and int(part) < len(level):
+            level = level[int(part)]
+        else:
+            return False, None
+    return True, level
+
+
+def _shown(text: str) -> str:
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _load(trace: Trace, record: TensorRecord, load: Loader | None) -> torch.Tensor:
@@ -90,9 +175,10 @@ def cast(tensor: torch.Tensor, dtype: torch.dtype | None, device: torch.device) 
     return tensor.to(device, copy=True)
 
 
-def rebuild_inputs(trace: Trace, node: Node, target: Target, *,
-                   load: Loader | None = None) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """``(args, kwargs)`` of ``node``'s call, from A's payloads and typed values."""
+def rebuild_inputs(trace: Trace, node: Node, target: Target, *, load: Loader | None = None,
+                   own: Inputs | None = None) -> Inputs:
+    """``(args, kwargs)`` of ``node``'s call, from A's payloads and typed values; a value known only by its
+    repr from ``own`` (what B's own forward passed this call), when it holds one at that slot."""
     tree: dict[str, Any] = {}
     for record in node.inputs():
         tensor = _load(trace, record, load)
@@ -100,7 +186,7 @@ def rebuild_inputs(trace: Trace, node: Node, target: Target, *,
         _put(tree, record.slot, cast(tensor, dtype, target.device))
     for slot, value in node.values.items():
         if slot == "inputs" or slot.startswith("inputs."):
-            _put(tree, slot, _literal(value, slot) if isinstance(value, ReprValue) else value)
+            _put(tree, slot, _repr_value(value, slot, own, target) if isinstance(value, ReprValue) else value)
     root = tree.get("inputs", {})
     if not isinstance(root, dict):
         raise NotRebuildable("the inputs are not recorded as args and kwargs")

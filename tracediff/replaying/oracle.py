@@ -97,7 +97,31 @@ class _Float64Ops(TorchFunctionMode):
             name in ("__get__", "__set__", "__setitem__", "__delitem__")
         if not in_place:
             args, kwargs = _in_float64(args), _in_float64(kwargs)
+        if name in _GROUPED_MM:
+            exact = _grouped_mm_float64(*args, **kwargs)
+            if exact is not None:
+                return exact
         return func(*args, **kwargs)
+
+
+# torch's grouped matmul (transformers' mixture-of-experts layers at their default, ``grouped_mm``) has no
+# float64 kernel: the float64 run computes it group by group, the same sums in float64
+_GROUPED_MM = ("grouped_mm", "_grouped_mm")
+
+
+def _grouped_mm_float64(mat_a: Any, mat_b: Any, offs: Any = None, bias: Any = None, out_dtype: Any = None
+                        ) -> torch.Tensor | None:
+    """``mat_a [S, K]`` rows ``offs[g-1]:offs[g]`` times ``mat_b[g] [K, N]``, in float64; None for other forms."""
+    if not (isinstance(mat_a, torch.Tensor) and isinstance(mat_b, torch.Tensor) and isinstance(offs, torch.Tensor)
+            and mat_a.dtype == torch.float64 and mat_a.dim() == 2 and mat_b.dim() == 3 and bias is None
+            and out_dtype in (None, torch.float64)):
+        return None
+    out = mat_a.new_zeros(mat_a.shape[0], mat_b.shape[-1])
+    start = 0
+    for group, end in enumerate(offs.tolist()):
+        out[start:end] = mat_a[start:end] @ mat_b[group]
+        start = end
+    return out
 
 
 def float64_ops() -> TorchFunctionMode:

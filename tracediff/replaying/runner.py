@@ -96,7 +96,8 @@ def replay_call(setup: CallSetup, *, oracle: bool, patch: Callable[[], Any] | No
     started = time.perf_counter()
     # A's own layout first; when B's module does not take it, B's own layout filled with A's values
     in_b_layout, out_slots = False, None
-    args, kwargs = rebuild_inputs(setup.trace, setup.node_a, setup.target, load=setup.load)
+    args, kwargs = rebuild_inputs(setup.trace, setup.node_a, setup.target, load=setup.load,
+                                  own=setup.b_inputs)
     recorded = setup.recorded_outputs()
     try:
         output = _run(setup.module, args, kwargs, setup.seed, patch)
@@ -133,7 +134,8 @@ def replay_call(setup: CallSetup, *, oracle: bool, patch: Callable[[], Any] | No
             if in_b_layout:
                 args64, kwargs64 = _moved(b_args, twin[1]), _moved(b_kwargs, twin[1])
             else:
-                args64, kwargs64 = rebuild_inputs(setup.trace, setup.node_a, twin[1], load=setup.load)
+                args64, kwargs64 = rebuild_inputs(setup.trace, setup.node_a, twin[1], load=setup.load,
+                                                  own=setup.b_inputs)
             with float64_ops():
                 exact = dict(output_slots(_run(twin[0], args64, kwargs64, setup.seed, twin_patch)))
             rows = rows_with(_under_a_slots(exact, out_slots, recorded))

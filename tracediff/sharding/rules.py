@@ -20,7 +20,6 @@ wins over every rule. A rule that matches no tensor is refused (exit code 2).
 
 from __future__ import annotations
 
-import fnmatch
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,6 +28,7 @@ from pathlib import Path
 from .. import format as fmt
 from ..errors import UsageError
 from ..files.confine import read_bounded
+from ..globs import matcher
 from .layout import Layout, Placement
 
 RULES_LIMIT = 1 << 20
@@ -89,11 +89,9 @@ class ShardRules:
 
 
 def _compiled(glob: str) -> Callable[[str], object]:
-    """The matcher of one glob, compiled once (``fnmatch``'s own cache holds 32,768 patterns, then recompiles);
-    a glob without wildcards is a plain comparison."""
-    if not any(c in glob for c in "*?["):
-        return glob.__eq__
-    return re.compile(fnmatch.translate(glob)).match
+    """The matcher of one glob (:mod:`tracediff.globs`: ``*`` one path segment, ``**`` any number), compiled
+    once; a glob without wildcards is a plain comparison."""
+    return matcher(glob)
 
 
 def parse_rules(text: str, source: str) -> ShardRules:

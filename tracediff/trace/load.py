@@ -34,7 +34,7 @@ from .graph_scopes import group_scopes
 from .model import Node, ReprValue, StepTokens, TensorRecord
 from .ranks import is_multi_rank
 from .reading import incomplete_reason, journal_of, read_tree
-from .validate import TreeChecker, value_problem
+from .validate import TreeChecker, check_graph_order, value_problem
 
 if TYPE_CHECKING:
     import torch
@@ -204,6 +204,7 @@ def load_trace(path: str | Path) -> Trace:
     except RecursionError:
         raise TraceFormatError(f"{json_path}: the call tree nests too deeply to be read; refused") from None
     del tree, later, backward_entries
+    check_graph_order(roots, json_path)
     group_scopes([root for root, step in zip(roots, steps) if step is not None])  # graph nodes: graph_scopes.py
     trace = Trace(directory=directory, json_path=json_path, roots=roots, metadata=metadata, backward=backward,
                   root_steps=steps, root_tokens=tokens, layouts=builder.layouts)
@@ -234,6 +235,10 @@ class _Builder:
         node = Node(path, path.partition(".")[2], call_index, obj.get(fmt.MODULE_TYPE), depth, self.order)
         node.parent = parent
         node.error = obj.get(fmt.ERROR)
+        attributes = obj.get(fmt.ATTRIBUTES)
+        if isinstance(attributes, dict):
+            node.attributes = attributes
+        node.graph = fmt.SOURCES in obj
         inputs = obj.get(fmt.INPUTS)
         if inputs is not None:
             self._flatten(inputs, "inputs", node)

@@ -90,6 +90,9 @@ class Node:
     op: str | None = None
     op_index: int | None = None
     ops: list[Node] = field(default_factory=list)
+    # a graph node's runtime attributes as recorded (``attributes``: a ggml op's scale, softcap, type)
+    attributes: dict[str, Any] = field(default_factory=dict)
+    graph: bool = False  # a graph runtime's node (it names its ``sources``), not a module call
 
     @property
     def key(self) -> tuple[str, str, int]:

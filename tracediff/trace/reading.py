@@ -131,7 +131,9 @@ def incomplete_reason(metadata: dict[str, Any], roots: list[Any]) -> str | None:
     error or the capture failure); a standard trace, whose debugger records no
     such flag, is taken as incomplete when its top-level call raised.
     """
-    if metadata.get(fmt.COMPLETE_KEY) is False:
+    lost = metadata.get(fmt.UNRECORDED_CALLS)
+    lost = lost if isinstance(lost, dict) and lost.get("count") else None  # incomplete, whatever `complete` says
+    if metadata.get(fmt.COMPLETE_KEY) is False or lost is not None:
         failure = metadata.get("capture_failure")
         error = metadata.get(fmt.ERROR)
         if isinstance(failure, str) and failure:
@@ -139,6 +141,11 @@ def incomplete_reason(metadata: dict[str, Any], roots: list[Any]) -> str | None:
         if isinstance(error, dict):
             where = f" in {error.get(fmt.MODULE_PATH)}" if error.get(fmt.MODULE_PATH) else ""
             return f"the forward raised {error.get(fmt.ERROR_TYPE)}{where}: {error.get(fmt.ERROR_MESSAGE)}"
+        if lost is not None:
+            calls = lost.get("calls")
+            first = calls[0] if isinstance(calls, list) and calls and isinstance(calls[0], dict) else {}
+            return (f"module calls that ran were not recorded: {lost['count']} (first "
+                    f"{first.get(fmt.MODULE_PATH)}: {first.get('why')})")
         return "the capture did not finish"
     for root in roots:
         error = getattr(root, "error", None)

@@ -134,6 +134,9 @@ class TreeChecker:
         call_index = node.get(fmt.CALL_INDEX)
         if call_index is not None and not (type(call_index) is int and 0 <= call_index < _MAX_CALL_INDEX):
             raise self.fail(node[fmt.MODULE_PATH], f"'call_index' is {call_index!r:.40}; expected a whole number")
+        if fmt.SOURCES in node and fmt.OP in node:  # else read as an op of its parent, and never compared
+            raise self.fail(node[fmt.MODULE_PATH], "has both 'sources' and 'op'; a graph node is a call (its op "
+                                                   "is its 'module_type'), never an op node")
         module_type = node.get(fmt.MODULE_TYPE)
         if module_type is not None and type(module_type) is not str:
             raise self.fail(node[fmt.MODULE_PATH],
@@ -188,3 +191,29 @@ class TreeChecker:
 def _named(node: Node) -> str:
     """How messages name the call whose tensor entry is wrong (built only when one is)."""
     return node.module_path if node.phase == "forward" else f"backward entry ({node.module_path})"
+
+
+def check_graph_order(roots: list[Node], json_path: Path) -> None:
+    """Refuse graph nodes listed in an order that did not run: one that reads the output of a node after it.
+
+    A graph runtime records its nodes in the order they ran, and a node's input is the very entry (the
+    payload) of its producer's output; an input that only a later node produces means the list was
+    reordered, and pairing by position would be built on it.
+    """
+    for root in roots:
+        graph = [child for child in root.children if child.graph]
+        later: dict[str, str] = {}
+        for child in graph:
+            for record in child.outputs():
+                if record.payload:
+                    later.setdefault(record.payload, child.module_path)
+        done: set[str] = set()
+        for child in graph:
+            own = {record.payload for record in child.outputs() if record.payload}
+            for record in child.inputs():
+                payload = record.payload
+                if payload and payload not in done and payload not in own and payload in later:
+                    raise TraceFormatError(
+                        f"{json_path}: {child.module_path}: reads {later[payload]}'s output, which comes after it "
+                        "in the graph's order; graph nodes are listed in the order they ran")
+            done |= own

@@ -26,7 +26,7 @@ from ...trace.load import Trace
 from ...trace.model import Node
 from .evidence import Values
 from .slots import pair_tensors
-from .tree import OUTPUTS_ONLY, TreePairing
+from .tree import HANDED_ON, OUTPUTS_ONLY, TreePairing
 from .unrecorded import all_unrecorded, find_unrecorded, inside
 
 MATCH_MODES = ("auto", "name", "structure")
@@ -83,8 +83,10 @@ def match_nodes(a: Trace, b: Trace, rename: RenameRules, match: str = "auto") ->
         tree = TreePairing(Values(a, b), list(rename), use_names=match != "structure")
         tree.run([r for r in a.roots if r.phase == "forward"], [r for r in b.roots if r.phase == "forward"])
         pairs = tree.pairs
-        outputs_only = frozenset((id(x), id(y)) for (x, y), how in zip(pairs, tree.evidence) if how == OUTPUTS_ONLY)
-        evidence = ["value" if how == OUTPUTS_ONLY else how for how in tree.evidence]
+        outputs_only = frozenset((id(x), id(y)) for (x, y), how in zip(pairs, tree.evidence)
+                                 if how in (OUTPUTS_ONLY, HANDED_ON))
+        # a pair made on dataflow alone is reported as the weakest evidence: no value says it
+        evidence = ["value" if how == OUTPUTS_ONLY else "shape" if how == HANDED_ON else how for how in tree.evidence]
         methods = [how if how in ("name", "map") else "structure" for how in evidence]
         idle = tree.idle()
         if rename and match != "structure":

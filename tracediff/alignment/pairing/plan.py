@@ -23,6 +23,7 @@ from ...trace.load import Trace
 from ...trace.model import Node, TensorRecord
 from ..result import Job, Unmatched
 from .calls import Matching, match_nodes
+from .consumed import Consumption
 from .evidence import Values
 from .layout import Transform, compare_transformed, find_fused, find_relayout
 from .producers import find_producers
@@ -92,17 +93,25 @@ def plan_pairs(trace_a: Trace, trace_b: Trace, rules: RenameRules, *, match: str
     matching = match_nodes(trace_a, trace_b, rules, match)
     values = Values(trace_a, trace_b)
     plan = Plan(matching=matching, values=values)
+    consumption = Consumption(matching.pairs, matching.nodes_b, values)
     for (node_a, node_b), method, evidence in zip(matching.pairs, matching.methods, matching.evidence):
         parameters = (trace_a.forward_parameters(node_a), trace_b.forward_parameters(node_b))
         pairs, only_a, only_b = pair_tensors(node_a, node_b, slots, values, parameters)
-        if (id(node_a), id(node_b)) in matching.outputs_only:  # inputs that differ by design: not compared
+        # inputs not to compare, kept from the re-laid leftovers below: the inputs of a pair compared on its
+        # outputs only (they differ by design), and those that are two points of one computation (consumed.py)
+        aside = consumption.set_aside(node_a, node_b, pairs)
+        if (id(node_a), id(node_b)) in matching.outputs_only:
             rule = ("^" + any_layer(node_a.relative_path.split(".")) + "$", "inputs", "")
             if rule not in plan.suggested_slots:
                 plan.suggested_slots.append(rule)
             outputs = {id(record) for record in node_a.outputs()}
-            only_a += [ra for ra, _ in pairs if id(ra) not in outputs]
-            only_b += [rb for ra, rb in pairs if id(ra) not in outputs]
-            pairs = [(ra, rb) for ra, rb in pairs if id(ra) in outputs]
+            aside = [(ra, rb) for ra, rb in pairs if id(ra) not in outputs]
+        elif aside:
+            pattern = "^" + any_layer(node_a.relative_path.split(".")) + "$"
+            plan.suggested_slots += [rule for rule in ((pattern, ra.slot, "") for ra, _ in aside)
+                                     if rule not in plan.suggested_slots]
+        left = {id(ra) for ra, _ in aside}
+        pairs = [(ra, rb) for ra, rb in pairs if id(ra) not in left]
         for ra, rb in pairs:
             if evidence != "name":
                 plan.pairing[(id(ra), id(rb))] = evidence
@@ -114,6 +123,8 @@ def plan_pairs(trace_a: Trace, trace_b: Trace, rules: RenameRules, *, match: str
             plan.how[(id(ra), id(rb))] = ("layout", transform)
             plan.jobs.append((node_a, ra, node_b, rb))
             only_a, only_b = [t for t in only_a if t is not ra], [t for t in only_b if t is not rb]
+        only_a += [ra for ra, _ in aside]
+        only_b += [rb for _, rb in aside]
         plan.unmatched_a += [Unmatched(node_a.module_path, node_a.call_index, t.slot) for t in only_a]
         plan.unmatched_b += [Unmatched(node_b.module_path, node_b.call_index, t.slot) for t in only_b]
     # calls that compute nothing take no part in a fused projection

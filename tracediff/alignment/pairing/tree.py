@@ -42,7 +42,7 @@ from .evidence import (
     type_similarity,
 )
 
-_NUMBERED = re.compile(r"^(.*)\.(\d+)$")
+_NUMBERED = re.compile(r"^(.*)\.(\d{1,18})$")  # longer is no layer index (int() refuses 4,301 digits)
 _MAX_ROUNDS = 8
 # below this, a pair is not worth making (the weakest real pair, two same-size leaves, scores 1)
 _MIN_SCORE = 0.5
@@ -52,6 +52,10 @@ _NAMED = 100.0  # the score of a pair the names or the map make
 # values (transformers' BLOOM ``self_attention.dense`` and transformer-lens's ``attn``: the same projection,
 # the attention before it inside the call on one side only): their inputs are not compared
 OUTPUTS_ONLY = "value, outputs only"
+# a call paired with a graph node by dataflow alone, whatever their values (the node that hands its result on,
+# ``_pair_handed_on``, or the one its consumer places, ``_pair_by_consumer``): outputs only, reported as the
+# weakest evidence
+HANDED_ON = "dataflow, outputs only"
 _GAP = 4  # the most calls on a side between two pairs for ``_fill_gaps`` to look at
 # a node of a graph block takes the place of the call of A it agrees with best when the runner-up is this
 # many times farther (``_closest``)
@@ -237,27 +241,146 @@ class TreePairing:
             for x, y in filled:
                 self._add(x, y, "shape")
             self._pair_scope(filled)
+        for a, b in scope:
+            if b.module_type == GRAPH_BLOCK:
+                self._pair_handed_on(a, b)
+                self._pair_by_consumer(a, b)
 
     def _in_value_order(self, line_b: list[Item], line_a: list[Item]) -> list[Item]:
         """A graph block's nodes in the order of the calls of A they hold the values of.
 
         A graph runtime's evaluation order among nodes that do not depend on each other is its scheduler's
         (llama.cpp evaluates ``Vcur`` before ``Kcur``), not the model's: each node whose main output agrees
-        with one call of A clearly best (values, any layout: :func:`_closest`) moves to that call's place;
-        the nodes after it that agree with none move with it."""
+        with one call of A clearly best (values, any layout: :func:`_closest`) moves to that call's place. A
+        node that agrees with none and reads one node of the line continues that node's computation: it goes
+        where the call of A sits that reads the output of its producer's counterpart (llama.cpp's Gemma 3
+        ``norm`` and ``Kcur_normed`` after ``Kcur``, at ``k_norm``'s place after ``v_proj``, even when a wrong
+        weight leaves their values agreeing with nothing), or where its producer was placed so. A node that
+        agrees with none and whose result is continued, node by node, into one that agrees with a call goes
+        just before that call (llama.cpp's Gemma 3 ``kqv``, ``node_N`` (o_proj), ``norm``, ``attn_post_norm``
+        and ``sa_out`` before ``ffn_norm`` when a wrong attention leaves them agreeing with nothing, not among
+        the q/k norms). Any other node moves with the node before it (``ffn_geglu``, which reads ``ffn_gate``
+        and ``ffn_up``, stays after both; a rope, which no call of A reads the input of, stays where it runs)."""
         records_a = [(j, record) for j, other in enumerate(line_a)
                      if isinstance(other, Node) and (record := main_output(other)) is not None]
+        producers = _line_producers(line_b)
+        agreed: dict[int, int] = {}  # position in line_b -> position in line_a whose values it holds
+        placed: set[int] = set()  # positions in line_b placed by their dataflow
         keys: list[float] = []
         key = -1.0
-        for item in line_b:
+        for i, item in enumerate(line_b):
             record_b = main_output(item) if isinstance(item, Node) else None
-            if record_b is not None:
-                found = _closest([(self.values.distance(record_a, record_b), j) for j, record_a in records_a])
-                if found is not None:
-                    key = float(found)
+            found = None if record_b is None else \
+                _closest([(self.values.distance(record_a, record_b), j) for j, record_a in records_a])
+            if found is not None:
+                agreed[i] = found
+                key = float(found)
+            elif len(producers[i]) == 1:  # one producer: the node continues its computation (a weight's MUL)
+                (p,) = producers[i]
+                reader = self._reader(line_a, agreed[p]) if p in agreed else None
+                if reader is not None or p in placed:
+                    key = float(reader) if reader is not None else keys[p]
+                    placed.add(i)
             keys.append(key)
+        for i, j in _fed_forward(producers, agreed, placed).items():
+            keys[i] = j - 0.5
         order = sorted(range(len(line_b)), key=lambda i: (keys[i], i))
         return [line_b[i] for i in order]
+
+    def _pair_handed_on(self, a: Node, b: Node) -> None:
+        """A call of ``a`` that calls others, none of them paired (B's graph computes it in nodes that answer
+        none of its inner calls: a mixture of experts' stacked ``experts``, whose projections are no calls of
+        A), pairs with the one node at its place in graph block ``b`` that hands a result on: the only
+        unpaired node between the nodes paired with the calls of A just before and just after it whose output
+        a node after that stretch reads, of as many elements as the call's output (ggml's ``ffn_moe_out``,
+        the sum over the experts). That is dataflow, not values: a wrong expert leaves the values agreeing with
+        nothing, and the pair still compares them. Only outputs are compared (the node reads partial sums)."""
+        paired = {id(x): y for pair in self.pairs for x, y in (pair, pair[::-1])}
+
+        def lost(node: Node) -> bool:  # no call of its own subtree paired
+            return not any(id(n) in paired for n in node.walk())
+
+        for call in a.walk()[1:]:
+            if call.phase != "forward" or not self.children(call, "a") or main_output(call) is None \
+                    or not lost(call) or (call.parent is not a and call.parent is not None and lost(call.parent)):
+                continue  # only the topmost call left without any pair is tried
+            found = self._hand_on_node(call, a, b, paired)
+            if found is not None:
+                record_a, record_b = main_output(call), main_output(found)
+                agree = record_a is not None and record_b is not None and \
+                    graded(self.values.distance(record_a, record_b)) >= 0.75
+                self._add(call, found, OUTPUTS_ONLY if agree else HANDED_ON)
+                paired |= {id(call): found, id(found): call}
+
+    def _pair_by_consumer(self, a: Node, b: Node) -> None:
+        """A node of graph block ``b`` that agrees with no call of ``a`` and whose one consumer is paired with a
+        call of A that reads exactly the output of a call X left unpaired pairs with X: the node computes what
+        X computes, by dataflow (llama.cpp's Gemma 3 graph leaves ``o_proj``'s MUL_MAT unnamed, ``node_N``, and
+        a wrong attention before it leaves its values agreeing with nothing; its consumer, ``norm``, pairs with
+        ``post_attention_layernorm``, which reads ``o_proj``'s output). Only outputs are compared, as the weakest
+        evidence (:data:`HANDED_ON`)."""
+        paired = {id(x): y for pair in self.pairs for x, y in (pair, pair[::-1])}
+        calls = [n for n in a.walk()[1:] if n.phase == "forward" and main_output(n) is not None]
+        made: dict[str, list[Node]] = {}  # payload -> the calls that returned it (a wrapper and its last call)
+        for n in calls:
+            for record in n.outputs():
+                if record.payload:
+                    made.setdefault(record.payload, []).append(n)
+
+        def unpaired(payload: str) -> Node | None:  # its innermost maker, when no maker nor call inside is paired
+            makers = made.get(payload, [])
+            if not makers or any(id(n) in paired for n in makers) or any(id(n) in paired for n in makers[-1].walk()):
+                return None
+            return makers[-1]
+
+        for node in b.children:
+            record_b = main_output(node)
+            if id(node) in paired or node.children or record_b is None or not record_b.payload:
+                continue
+            consumers = [n for n in b.children if any(r.payload == record_b.payload for r in n.inputs())]
+            reader = paired.get(id(consumers[0])) if len(consumers) == 1 else None
+            found = {id(x): x for r in reader.inputs() if r.payload and (x := unpaired(r.payload)) is not None} \
+                if reader is not None else {}
+            if len(found) != 1:
+                continue
+            (call,) = found.values()
+            record_a = main_output(call)
+            if record_a is None or numel(record_a) != numel(record_b) or any(
+                    graded(self.values.distance(r, record_b)) >= 0.75 for n in calls if (r := main_output(n))):
+                continue  # the node agrees with some call: its values, not its consumer, place it
+            self._add(call, node, HANDED_ON)
+            paired |= {id(call): node, id(node): call}
+
+    def _hand_on_node(self, call: Node, a: Node, b: Node, paired: dict[int, Node]) -> Node | None:
+        before = [paired[id(n)] for n in a.walk()[1:] if id(n) in paired and n.exit_order < call.enter_order]
+        after = [paired[id(n)] for n in a.walk()[1:] if id(n) in paired and n.enter_order > call.exit_order]
+        low = max((n.exit_order for n in before), default=b.enter_order)
+        high = min((n.enter_order for n in after), default=b.exit_order)
+        low, high = min(low, high), max(low, high)  # B ran them in another order
+        handed = {r.payload for r in b.outputs() if r.payload}  # the block's own output answers the block
+        place = [n for n in b.children if id(n) not in paired and not n.children and low < n.enter_order < high
+                 and not any(r.payload in handed for r in n.outputs())]
+        ids = {id(n) for n in place}
+        read_after = {r.payload for n in b.children if id(n) not in ids for r in n.inputs() if r.payload}
+        exits = [n for n in place if any(r.payload in read_after for r in n.outputs() if r.payload)]
+        if len(exits) != 1 or numel(main_output(exits[0])) != numel(main_output(call)):
+            return None
+        return exits[0]
+
+    def _reader(self, line_a: list[Item], j: int) -> int | None:
+        """The first call of A after ``line_a[j]`` that reads its main output (the same values), if any."""
+        call = line_a[j]
+        made = main_output(call) if isinstance(call, Node) else None
+        stats = self.values.stats(made, "a") if made is not None else None
+        if stats is None:
+            return None
+        for k in range(j + 1, len(line_a)):
+            reader = line_a[k]
+            if isinstance(reader, Node) and any(
+                    numel(r) == numel(made) and (found := self.values.stats(r, "a")) is not None
+                    and same_statistics(found, stats) for r in reader.inputs()):
+                return k
+        return None
 
     def _fill_gaps(self, lines_a: list[list[Item]], lines_b: list[list[Item]], matched: list[tuple[int, int, str]]
                    ) -> list[list[tuple[Node, Node]]]:
@@ -532,6 +655,55 @@ def _closest(candidates: list[tuple[float, int]]) -> int | None:
     if len(ranked) > 1 and ranked[1][0] <= _CLEAR * ranked[0][0]:
         return None
     return ranked[0][1]
+
+
+def _fed_forward(producers: list[set[int]], agreed: dict[int, int], placed: set[int]) -> dict[int, int]:
+    """The nodes of a graph block's line that agree with no call and feed one: for each, the position in A's
+    line of the call whose values its chain of continuations reaches (each the one node of the line that reads
+    the node before it alone) before any other node agreeing with a call."""
+    continuations: dict[int, list[int]] = {}
+    for c, found in enumerate(producers):
+        if len(found) == 1:
+            continuations.setdefault(next(iter(found)), []).append(c)
+    out: dict[int, int] = {}
+    for i in range(len(producers) - 1, -1, -1):
+        if i in agreed or i in placed or len(continuations.get(i, ())) != 1:
+            continue
+        (c,) = continuations[i]
+        if c in agreed:
+            out[i] = agreed[c]
+        elif c in out:
+            out[i] = out[c]
+    return out
+
+
+def _line_producers(line: list[Item]) -> list[set[int]]:
+    """For each item of a graph block's line, the positions in the line of the nodes whose outputs it read
+    (the same payload), through the block's nodes that are not in the line (those that compute nothing)."""
+    position = {id(item): i for i, item in enumerate(line)}
+    made: dict[str, Node] = {}
+    for item in line:
+        for sibling in item.parent.children if isinstance(item, Node) and item.parent is not None else ():
+            for record in sibling.outputs():
+                if record.payload:
+                    made.setdefault(record.payload, sibling)
+    out: list[set[int]] = []
+    for item in line:
+        found: set[int] = set()
+        todo = [item] if isinstance(item, Node) else []
+        seen = {id(item)}
+        while todo:
+            for record in todo.pop().inputs():
+                producer = made.get(record.payload) if record.payload else None
+                if producer is None or id(producer) in seen:
+                    continue
+                seen.add(id(producer))
+                if id(producer) in position:
+                    found.add(position[id(producer)])
+                else:
+                    todo.append(producer)
+        out.append({p for p in found if p < position[id(item)]} if isinstance(item, Node) else found)
+    return out
 
 
 def _sizes(node: Node) -> tuple[int | None, int | None]:

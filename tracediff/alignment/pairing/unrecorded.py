@@ -21,7 +21,8 @@ from dataclasses import replace
 from ...trace.model import Node
 from ..result import TensorComparison
 
-_NUMBERED = re.compile(r"^(.*)\.(\d+)$")
+# a block number of up to 18 digits: longer is no layer index (and int() refuses over 4,300 digits)
+_NUMBERED = re.compile(r"^(.*)\.(\d{1,18})$")
 
 
 def find_unrecorded(nodes: Iterable[Node]) -> dict[str, tuple[str, ...]]:
@@ -104,7 +105,7 @@ def collapse_paths(paths: Iterable[str]) -> list[str]:
     order: list[tuple[str, ...] | str] = []
     for path in dict.fromkeys(paths):
         parts = path.split(".")
-        numbered = [i for i, p in enumerate(parts) if p.isdigit()]
+        numbered = [i for i, p in enumerate(parts) if p.isdigit() and len(p) <= 18]  # as _NUMBERED
         if not numbered:
             singles.append(path)
             order.append(path)

@@ -8,10 +8,11 @@ Called by :func:`tracediff.alignment.align` once every pair is measured:
 2. rows matching an ``ignore`` pattern are set aside (listed, never failing);
 3. growth, origin and the list of sources (:mod:`tracediff.alignment.verdicts.sources`).
 
-Ignore patterns: ``PATH`` or ``PATH:SLOT``, shell-style globs. ``PATH`` is
-matched against the module path relative to the root (``layers.0.mlp``) or
-the full recorded path, on either side, and covers the module and
-everything inside it; ``SLOT`` against the tensor slot (``outputs.0``,
+Ignore patterns: ``PATH`` or ``PATH:SLOT``. ``PATH`` is a module-path glob
+(:mod:`tracediff.globs`: ``*`` one path segment, ``**`` any number) matched
+against the module path relative to the root (``layers.0.mlp``) or the full
+recorded path, on either side, and covers the module and everything inside
+it; ``SLOT``, a shell-style glob, against the tensor slot (``outputs.0``,
 ``inputs.kwargs.position_ids``); an empty part matches everything
 (``:inputs.kwargs.position_ids``).
 """
@@ -26,9 +27,11 @@ from typing import Any
 from ...compare.measurement import Measurement
 from ...compare.records import compare_records
 from ...errors import UsageError
+from ...globs import covers
 from ...trace.load import Trace
 from ..result import Job
 from ..rows import RowDraft, add_note
+from .approximations import accept_approximations
 from .cut import accept_cut_elsewhere
 from .noise import (
     accept_by_relative_norm,
@@ -72,16 +75,18 @@ def _ignored_by(rules: tuple[tuple[str, str], ...], job: Job) -> str | None:
     node_a, ra, node_b, rb = job
     paths = (node_a.relative_path, node_b.relative_path, node_a.module_path, node_b.module_path)
     for path, slot in rules:
-        on_path = any(fnmatch.fnmatchcase(p, path) or fnmatch.fnmatchcase(p, f"{path}.*") for p in paths)
+        on_path = any(covers(path, p) for p in paths)
         if on_path and (fnmatch.fnmatchcase(rb.slot, slot) or fnmatch.fnmatchcase(ra.slot, slot)):
             return f"{path}:{slot}" if slot != "*" else path
     return None
 
 
 def judge(rows: Sequence[RowDraft], jobs: Sequence[Job], trace_a: Trace, *, baseline: Trace | None,
-          noise_factor: float, ignore: tuple[tuple[str, str], ...], run: Runner, sharded: bool = False) -> Verdicts:
+          noise_factor: float, ignore: tuple[tuple[str, str], ...], run: Runner, sharded: bool = False,
+          trace_b: Trace | None = None) -> Verdicts:
     """Apply the noise rules, set ignored rows aside and find the sources, deciding the drafts in place
-    (``rows[i]`` is ``jobs[i]``'s row; ``sharded``: a side is a multi-rank trace)."""
+    (``rows[i]`` is ``jobs[i]``'s row; ``sharded``: a side is a multi-rank trace; ``trace_b``: B's trace,
+    read for the runtime approximations it records)."""
     warnings: list[str] = []
     if baseline is not None:
         records = baseline_records(baseline)
@@ -108,7 +113,10 @@ def judge(rows: Sequence[RowDraft], jobs: Sequence[Job], trace_a: Trace, *, base
         if warning:
             warnings.append(warning)
 
-    accept_cut_elsewhere(rows, jobs, sharded=sharded)
+    cuts = accept_cut_elsewhere(rows, jobs, sharded=sharded)
+    approximated = accept_approximations(rows, jobs, trace_a, None if sharded else trace_b)
+    if approximated.warning:
+        warnings.append(approximated.warning)
     matched = [_ignored_by(ignore, job) for job in jobs] if ignore else [None] * len(jobs)
     used = {m for m in matched if m}
     for path, slot in ignore:
@@ -117,7 +125,9 @@ def judge(rows: Sequence[RowDraft], jobs: Sequence[Job], trace_a: Trace, *, base
             warnings.append(f"--ignore pattern {label!r} matches no compared tensor")
 
     flags = find_sources(rows, [job[2] for job in jobs], [job[1] for job in jobs], noise_factor=noise_factor,
-                         never_source=[m is not None for m in matched])
+                         never_source=[m is not None for m in matched],
+                         explained=[index in cuts for index in range(len(rows))],
+                         approximated=[index in approximated.rows for index in range(len(rows))])
     kept, sources, ignored = [], [], []
     for index, (row, flag, pattern) in enumerate(zip(rows, flags, matched)):
         if pattern is not None:

@@ -16,14 +16,19 @@ from ..result import Job
 from ..rows import RowDraft
 
 
-def accept_cut_elsewhere(rows: Sequence[RowDraft], jobs: Sequence[Job], *, sharded: bool = False) -> None:
-    """Accept each diverged output row whose value one side passes on unchanged to an input that agrees.
+def accept_cut_elsewhere(rows: Sequence[RowDraft], jobs: Sequence[Job], *, sharded: bool = False) -> set[int]:
+    """Accept each diverged output row whose value one side passes on unchanged to an input that agrees;
+    returns the rows accepted.
+
+    An accepted row's difference is by design: what flows on is the input that agrees, so the sources'
+    rules count no error of its own (:func:`tracediff.alignment.verdicts.sources.find_sources`' ``explained``).
 
     ``sharded``: a side is a multi-rank trace, whose records name rank 0's shard: a gather between two calls
     gives one global value a new payload there, so payloads say nothing of code that changed a value, and no
     row is accepted this way."""
+    accepted: set[int] = set()
     if sharded:
-        return
+        return accepted
     # agreeing input rows by payload, on each side: the only rows an output can flow into unchanged (this
     # pass changes output rows alone, so the index stays true while it runs)
     by_a: dict[str, list[int]] = {}
@@ -51,4 +56,6 @@ def accept_cut_elsewhere(rows: Sequence[RowDraft], jobs: Sequence[Job], *, shard
                 row.reason = (f"cut at another point: {side}'s output flows unchanged into {where}, which agrees "
                               f"with {other}'s value there ({other}'s code after this call does what {side} "
                               "does inside it)")
+                accepted.add(index)
                 break
+    return accepted

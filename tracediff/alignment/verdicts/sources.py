@@ -36,6 +36,11 @@ tolerance that made its error with A and B in one dtype (where rounding alike ma
 source: that row is, marked diverged with a reason saying so (the first divergence names the norm, not the
 projection). Across dtypes, rounding makes error everywhere, and nothing changes.
 
+Two kinds of accepted rows are told apart: an output cut at another point (``explained``) counts no error of
+its own, so nothing is ever followed back to it; a row within a runtime's own rounding (``approximated``,
+:mod:`tracediff.alignment.verdicts.approximations`) passes its error on, and the diverged rows that only carry
+it (no source) are accepted as inherited from it.
+
 A source's ``origin`` is ``introduced`` for an output (the
 module's own code), ``between modules`` for an input (the caller's own code
 between its submodule calls; the reason names the caller as recorded, never
@@ -107,29 +112,40 @@ def role(slot: str) -> tuple[str, str]:
 
 
 def find_sources(rows: Sequence[RowDraft], nodes_b: Sequence[Node], records_a: Sequence[TensorRecord], *,
-                 noise_factor: float, never_source: Sequence[bool] | None = None) -> list[bool]:
+                 noise_factor: float, never_source: Sequence[bool] | None = None,
+                 explained: Sequence[bool] | None = None, approximated: Sequence[bool] | None = None) -> list[bool]:
     """Set ``growth`` and ``origin`` of every draft; returns which of them are sources.
 
     ``rows`` are in B's execution order, ``nodes_b[i]`` is row i's call in B
     and ``records_a[i]`` A's record of the pair (its magnitude scales the error, see :func:`excess`);
     ``never_source`` marks rows (ignored ones) that count as flowing into
-    later rows but are never sources.
+    later rows but are never sources; ``explained`` marks rows whose difference a benign rule accounts for
+    (an output cut at another point: what flows on is the later input that agrees), which count no error of
+    their own: nothing flows from them, and no error is ever said to be made there; ``approximated`` marks rows
+    accepted within a runtime's own rounding (:mod:`tracediff.alignment.verdicts.approximations`): their error
+    flows on, and a diverged row that is no source and carries only such an error is accepted as inherited
+    from it.
     """
     running: dict[tuple[str, int], float] = {}  # (phase, id of a call) -> largest excess recorded inside it so far
     holder: dict[tuple[str, int], int] = {}  # the same key -> the row holding that excess
     arose: list[int] = []  # row -> the row where its error arose: itself, or the one whose error flowed into it
     seeds: set[int] = set()  # rows within tolerance that made their error (A and B in one dtype): see _started_here
     flags: list[bool] = []
+    with_inputs: set[int] = set()  # calls with an input row compared
     growth: float | None
     for index, (row, node, record_a) in enumerate(zip(rows, nodes_b, records_a)):
         phase, side = role(row.tensor)
-        value = excess(row, record_a)
+        if side == "in":
+            with_inputs.add(id(node))
+        value = 0.0 if explained and explained[index] else excess(row, record_a)
         diverged = row.within_tolerance is False  # row.diverged
         arose.append(index)
         if value == 0.0 and not diverged:  # nothing beyond noise, most rows of a close port: what flowed in is moot
             growth, is_source = 0.0, False
         else:
             enclosing = node if side == "out" else node.parent
+            if side == "out" and approximated and id(node) not in with_inputs and node.parent is not None:
+                enclosing = _approximated_caller(node, phase, running, holder, arose, approximated)
             key = (phase, id(enclosing)) if enclosing is not None else None
             incoming = running.get(key, 0.0) if key is not None else 0.0
             growth = None if value is None else (value / max(incoming, 1.0) if not math.isinf(value) or
@@ -143,7 +159,7 @@ def find_sources(rows: Sequence[RowDraft], nodes_b: Sequence[Node], records_a: S
             carried = value is not None and upstream is not None and value <= noise_factor * incoming
             if carried and upstream is not None:
                 arose[index] = arose[upstream]
-            elif value and not diverged and row.dtype_a == row.dtype_b:
+            elif value and not diverged and row.dtype_a == row.dtype_b and not (approximated and approximated[index]):
                 seeds.add(index)
             seed = arose[index]
             if is_source and carried and made is None and incoming <= 1.0 and seed in seeds and \
@@ -155,6 +171,9 @@ def find_sources(rows: Sequence[RowDraft], nodes_b: Sequence[Node], records_a: S
                     flags[seed] = True
                     _started_here(rows[seed], nodes_b[seed], row)
         row.growth = growth
+        if diverged and not is_source and approximated and approximated[arose[index]] and arose[index] != index:
+            _within_approximation(row, rows[arose[index]])
+            diverged = False
         if diverged:
             row.origin = _origin(side, phase, node) if is_source else "inherited"
             if is_source and row.origin == "between modules" and node.parent is not None:
@@ -165,6 +184,27 @@ def find_sources(rows: Sequence[RowDraft], nodes_b: Sequence[Node], records_a: S
         if value is not None:
             _raise_running(running, holder, phase, node, value, index)
     return flags
+
+
+def _approximated_caller(node: Node, phase: str, running: dict[tuple[str, int], float],
+                         holder: dict[tuple[str, int], int], arose: list[int], approximated: Sequence[bool]) -> Node:
+    """Where what flowed into an output of ``node``, a call none of whose inputs was compared, is read: its
+    caller, when what flowed in there arose at a runtime's rounding (a graph runtime's norm whose input is an
+    unpaired node: the error the rounding made reaches it unseen); else the call itself."""
+    assert node.parent is not None
+    key = (phase, id(node.parent))
+    upstream = holder.get(key)
+    if upstream is not None and approximated[arose[upstream]] and \
+            running.get(key, 0.0) > running.get((phase, id(node)), 0.0):
+        return node.parent
+    return node
+
+
+def _within_approximation(row: RowDraft, source: RowDraft) -> None:
+    """Accept a row whose only error is carried from a row within a runtime's own rounding."""
+    row.within_tolerance, row.status, row.origin = True, "close", None
+    add_note(row, f"inherited from the runtime's rounding accepted at {source.module_path_b} {source.tensor} "
+                  "(no more than the noise factor times that error)")
 
 
 def _started_here(row: RowDraft, node: Node, carried_to: RowDraft) -> None:

@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import UsageError
+from ...files.confine import check_regular_file
 from .base import AdapterBase, Installed, Recorder
 
 FRAMEWORK = "llama.cpp"
@@ -242,6 +243,9 @@ def runtime_facts(llm: Any, facts: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+_TOKEN_MAX = 2**31 - 1  # llama_token is an int32_t
+
+
 class LlamaCppAdapter(AdapterBase):
     """llama.cpp models (``llama_cpp.Llama``): every node of the ggml graphs each decode computes."""
 
@@ -301,9 +305,24 @@ class LlamaCppAdapter(AdapterBase):
         llm.context_params.flash_attn_type = _FLASH_ATTN[flash]  # read when the capture makes its context
         return llm
 
-    def check_inputs(self, inputs: Mapping[str, Any]) -> None:
-        """UsageError unless ``inputs`` hold one sequence of token ids (:func:`token_ids`)."""
-        token_ids(inputs)
+    def check_inputs(self, inputs: Mapping[str, Any], source: str = "inputs") -> None:
+        """UsageError unless ``inputs`` hold one sequence of token ids (:func:`token_ids`); ``source`` names
+        the inputs file in the message."""
+        token_ids(inputs, source)
+
+    def check_run(self, model: Any, inputs: Mapping[str, Any], source: str = "inputs") -> None:
+        """UsageError unless the loaded ``model`` can decode the token ids of ``inputs``: each id in its
+        vocabulary, no more of them than its context holds (llama.cpp would fail inside the decode)."""
+        ids = token_ids(inputs, source)
+        name = Path(str(getattr(model, "model_path", "") or "the model")).name
+        vocab, context = int(model.n_vocab()), int(model.n_ctx())
+        for position, token in enumerate(ids):
+            if token >= vocab:
+                raise UsageError(f"{source}: token id {token} at position {position} is outside the vocabulary of "
+                                 f"{name} ({vocab} tokens: ids 0 to {vocab - 1})")
+        if len(ids) > context:
+            raise UsageError(f"{source}: {len(ids)} token ids, more than the context of {name} holds "
+                             f"({context} tokens)")
 
     def run_inputs(self, model: Any, inputs: Mapping[str, Any]) -> None:
         """Decode the prompt ``token_ids(inputs)`` once from an empty cache (one step per llama_decode)."""
@@ -312,19 +331,21 @@ class LlamaCppAdapter(AdapterBase):
 
 
 def check_gguf(path: Path) -> None:
-    """UsageError unless ``path`` is a regular file starting with GGUF's magic."""
-    if not path.is_file():
-        raise UsageError(f"{path}: no such file")
+    """UsageError unless ``path`` is a regular file starting with GGUF's magic (a directory or a FIFO named
+    ``x.gguf`` is refused as what it is, without blocking on the FIFO)."""
+    check_regular_file(path, error=UsageError, what="model file", missing="no such file")
     with path.open("rb") as f:
         magic = f.read(4)
     if magic != b"GGUF":
         raise UsageError(f"{path}: not a GGUF file (it starts with {magic!r}, not b'GGUF')")
 
 
-def token_ids(inputs: Mapping[str, Any]) -> list[int]:
-    """The prompt's token ids: ``kwargs.input_ids``, else the only integer tensor; one sequence.
+def token_ids(inputs: Mapping[str, Any], source: str = "inputs") -> list[int]:
+    """The prompt's token ids: ``kwargs.input_ids``, else the only integer tensor; one sequence of integers,
+    none negative or beyond llama.cpp's 32-bit token type.
 
-    Raises UsageError naming the keys found when neither exists.
+    Raises UsageError, its message starting with ``source`` (the inputs file), naming the keys found when
+    neither exists, or the first id that no model could decode.
     """
     import torch
 
@@ -334,16 +355,25 @@ def token_ids(inputs: Mapping[str, Any]) -> list[int]:
                     if isinstance(tensor, torch.Tensor) and not tensor.is_floating_point()
                     and not tensor.is_complex() and tensor.dtype != torch.bool]
         if len(integers) != 1:
-            raise UsageError(f"inputs: expected the token ids as kwargs.input_ids or as the only integer tensor, "
+            raise UsageError(f"{source}: expected the token ids as kwargs.input_ids or as the only integer tensor, "
                              f"found {', '.join(sorted(inputs)) or 'nothing'}")
         value = inputs[integers[0]]
     tensor = torch.as_tensor(value)
     if tensor.dim() == 2 and tensor.shape[0] == 1:
         tensor = tensor[0]
     if tensor.dim() != 1 or tensor.numel() == 0:
-        raise UsageError(f"inputs: the token ids must be one sequence ([T] or [1, T]), got shape "
+        raise UsageError(f"{source}: the token ids must be one sequence ([T] or [1, T]), got shape "
                          f"{list(tensor.shape)}")
-    return [int(t) for t in tensor.tolist()]
+    if tensor.is_floating_point() or tensor.is_complex() or tensor.dtype == torch.bool:
+        raise UsageError(f"{source}: the token ids must be integers, got {str(tensor.dtype).removeprefix('torch.')}")
+    ids = [int(t) for t in tensor.tolist()]
+    for position, token in enumerate(ids):
+        if token < 0:
+            raise UsageError(f"{source}: token id {token} at position {position} is negative")
+        if token > _TOKEN_MAX:
+            raise UsageError(f"{source}: token id {token} at position {position} does not fit llama.cpp's 32-bit "
+                             f"token ids (at most {_TOKEN_MAX})")
+    return ids
 
 
 def _first_line(e: BaseException) -> str:

@@ -32,9 +32,11 @@ class TorchAdapter(AdapterBase):
     def install(self, model: Any, recorder: Recorder, options: Mapping[str, Any]) -> Installed:
         from .._patch import ForwardPatch
 
-        # compiled="regions": compiled regions entered from outside, nothing inside them touched (compiled.py)
+        # compiled="regions": compiled regions entered from outside, nothing inside them touched (compiled.py);
+        # a record of compiled code that cannot be placed is counted by the capture's recorder (session.py)
         return ForwardPatch(model, recorder.observer, root_name=recorder.model_name,
-                            compiled_regions_only=options.get("compiled") == "regions")
+                            compiled_regions_only=options.get("compiled") == "regions",
+                            lost=getattr(recorder, "call_lost", None))
 
     def host(self, value: Any) -> Any:
         return value

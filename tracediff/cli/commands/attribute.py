@@ -23,7 +23,8 @@ then B's forward runs from that call on with every later call's math
 restored (plain kernels in place of quantized ones): the final error left
 is what that call causes on its own (its share). --modules: layers
 (default; one partial forward per decoder layer), leaves (one per Linear,
-Embedding, norm: about 7 per layer) or globs."""
+Embedding, norm: about 7 per layer) or globs ('*' is one path segment, '**'
+any number, as in transformers' tp_plan)."""
 
 
 def register(sub: Any) -> None:
@@ -36,7 +37,8 @@ def register(sub: Any) -> None:
     p.add_argument("trace_a", metavar="TRACE_A", help="the float model's trace (folder or JSON file), with payloads")
     p.add_argument("spec_b", metavar="SPEC_B", help="script.py:function or package.module:function building B")
     p.add_argument("--modules", action="append", metavar="GLOB",
-                   help="what to rank: layers (default), leaves, or globs over B's module paths (repeatable)")
+                   help="what to rank: layers (default), leaves, or globs over B's module paths ('*' one path "
+                        "segment, '**' any number; repeatable)")
     p.add_argument("--budget", type=int, metavar="N",
                    help="also list the N calls whose restoration, together, removes the most of the final error "
                         "(greedy, measured jointly: up to N forwards per ranked call)")

@@ -12,7 +12,7 @@ from ..exit_codes import exit_codes_help
 EXAMPLE = """examples:
   tracediff replay traces/orig port.py:build
   tracediff replay traces/orig port.py:build --map rename.json --patch
-  tracediff replay traces/orig port.py:build --modules 'model.layers.0*' --format json -o replay.json
+  tracediff replay traces/orig port.py:build --modules 'model.layers.0.**' --format json -o replay.json
   tracediff replay traces/orig port.py:build --trace-b traces/port --format html -o replay.html
 
 Every module call of B (the model SPEC_B returns) that matches a node of A's
@@ -41,7 +41,8 @@ def register(sub: Any) -> None:
     p.add_argument("--rtol", type=float, metavar="F",
                    help="relative tolerance on the local error (default: torch.testing's per dtype)")
     p.add_argument("--modules", action="append", metavar="GLOB",
-                   help="replay only calls whose module path (relative or full, A's or B's) matches (repeatable)")
+                   help="replay only calls whose module path (relative or full, A's or B's) matches ('*' one "
+                        "path segment, '**' any number; repeatable)")
     p.add_argument("--no-oracle", action="store_true", help="skip the float64 runs; a row out of tolerance blames B")
     p.add_argument("--patch", action="store_true",
                    help="for each culprit, the share of the final-output error that disappears with A's output "

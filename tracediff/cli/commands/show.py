@@ -11,12 +11,13 @@ from ..exit_codes import exit_codes_help
 
 EXAMPLE = """examples:
   tracediff show traces/port
-  tracediff show traces/port --path 'layers.0.*' --depth 1
-  tracediff show traces/port --path '*.mlp' --format csv -o mlp.csv
+  tracediff show traces/port --path '**.layers.0' --depth 1
+  tracediff show traces/port --path '**.mlp' --format csv -o mlp.csv
   tracediff show msprobe_dump/step0/rank0    # another tool's dump (see tracediff import --help)
 
 --path is a glob over module paths, relative (layers.0.mlp) or full
-(LlamaModel.layers.0.mlp); '*' also crosses dots. Matching calls are shown
+(LlamaModel.layers.0.mlp); '*' is one path segment, '**' any number (as in
+transformers' tp_plan: 'model.layers.*.mlp'). Matching calls are shown
 with everything below them (down to --depth levels) and their ancestors.
 Tensors holding NaN or Inf are flagged, and the first one is named. Ops
 (capture --ops) are listed as '#N op' lines, N their recorded op_index: the
