@@ -96,5 +96,5 @@ def matches_any(path: str, patterns: Iterable[str]) -> bool:
 
 
 def covers(pattern: str, path: str) -> bool:
-    """Is ``path`` the module ``pattern`` names or under one (``pattern.**``)?"""
-    return matches(path, pattern) or matches(path, f"{pattern}.**")
+    """Is ``path`` the module ``pattern`` names or under one (``pattern.**``, which matches ``pattern`` too)?"""
+    return matches(path, f"{pattern}.**")

@@ -23,15 +23,14 @@ from __future__ import annotations
 
 import bisect
 import math
-import re
 from collections import defaultdict
 from collections.abc import Sequence
 
 from ..trace.model import Node
 from .pairing.calls import Matching
+from .pairing.unrecorded import NUMBERED
 from .result import Unplaced
 
-_NUMBERED = re.compile(r"^(.*)\.(\d{1,18})$")
 _SHOWN = 3  # B's unpaired nodes named per call
 _END = 1 << 62  # after every record
 
@@ -62,7 +61,7 @@ def _missing_blocks(matching: Matching, paired_a: dict[int, Node]) -> list[tuple
     out = []
     for prefix, members in _families(matching.nodes_a).items():
         paired = next((paired_a[id(m)] for m in members if id(m) in paired_a), None)
-        named = _NUMBERED.match(paired.relative_path) if paired is not None else None
+        named = NUMBERED.match(paired.relative_path) if paired is not None else None
         kind_b = named[1] if named is not None else prefix
         held = {m.relative_path for m in families_b.get(kind_b, [])}
         count_b = len(held) + sum(path.rsplit(".", 1)[0] == kind_b for path in unrecorded_b)
@@ -78,7 +77,7 @@ def _families(nodes: Sequence[Node]) -> dict[str, list[Node]]:
     """Numbered calls with children by their common prefix, relative to the root: ``{"layers": [...]}``."""
     out: defaultdict[str, list[Node]] = defaultdict(list)
     for node in nodes:
-        match = _NUMBERED.match(node.relative_path) if node.relative_path[-1:].isdigit() else None
+        match = NUMBERED.match(node.relative_path) if node.relative_path[-1:].isdigit() else None
         if match is not None and node.children:
             out[match[1]].append(node)
     return out

@@ -69,13 +69,9 @@ def capture_file(
     if adapter is None:
         raise UsageError(f"{path}: no runtime opens this kind of file")
     tensors_in = read_inputs(inputs)
-    check_inputs = getattr(adapter, "check_inputs", None)  # refused before anything is loaded or written
-    if check_inputs is not None:
-        check_inputs(tensors_in, str(inputs))
+    adapter.check_inputs(tensors_in, str(inputs))  # refused before anything is loaded or written
     model = adapter.load(path, dict(options or {}))
-    check_run = getattr(adapter, "check_run", None)  # what the loaded model cannot run, before anything is written
-    if check_run is not None:
-        check_run(model, tensors_in, str(inputs))
+    adapter.check_run(model, tensors_in, str(inputs))  # what the loaded model cannot run, before anything is written
     with capture(model, out_dir, tensors=tensors, overwrite=overwrite) as session:
         adapter.run_inputs(model, tensors_in)
     return session

@@ -99,16 +99,16 @@ def plan_pairs(trace_a: Trace, trace_b: Trace, rules: RenameRules, *, match: str
         pairs, only_a, only_b = pair_tensors(node_a, node_b, slots, values, parameters)
         # inputs not to compare, kept from the re-laid leftovers below: the inputs of a pair compared on its
         # outputs only (they differ by design), and those that are two points of one computation (consumed.py)
-        aside = consumption.set_aside(node_a, node_b, pairs)
         if (id(node_a), id(node_b)) in matching.outputs_only:
-            rule = ("^" + any_layer(node_a.relative_path.split(".")) + "$", "inputs", "")
-            if rule not in plan.suggested_slots:
-                plan.suggested_slots.append(rule)
             outputs = {id(record) for record in node_a.outputs()}
             aside = [(ra, rb) for ra, rb in pairs if id(ra) not in outputs]
-        elif aside:
+            slots_aside = ["inputs"]
+        else:
+            aside = consumption.set_aside(node_a, node_b, pairs)
+            slots_aside = [ra.slot for ra, _ in aside]
+        if slots_aside:
             pattern = "^" + any_layer(node_a.relative_path.split(".")) + "$"
-            plan.suggested_slots += [rule for rule in ((pattern, ra.slot, "") for ra, _ in aside)
+            plan.suggested_slots += [rule for rule in dict.fromkeys((pattern, slot, "") for slot in slots_aside)
                                      if rule not in plan.suggested_slots]
         left = {id(ra) for ra, _ in aside}
         pairs = [(ra, rb) for ra, rb in pairs if id(ra) not in left]

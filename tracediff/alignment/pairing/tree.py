@@ -25,7 +25,6 @@ so a bug in one layer cannot change how that layer pairs, and no call pairs acro
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 
 from ...maps.rules import RenameRules, apply_rename
@@ -41,8 +40,8 @@ from .evidence import (
     same_statistics,
     type_similarity,
 )
+from .unrecorded import NUMBERED
 
-_NUMBERED = re.compile(r"^(.*)\.(\d{1,18})$")  # longer is no layer index (int() refuses 4,301 digits)
 _MAX_ROUNDS = 8
 # below this, a pair is not worth making (the weakest real pair, two same-size leaves, scores 1)
 _MIN_SCORE = 0.5
@@ -71,7 +70,7 @@ class Repeated:
 
     @property
     def numbers(self) -> tuple[int, ...]:
-        return tuple(int(_NUMBERED.match(m.relative_path).group(2)) for m in self.members)  # type: ignore[union-attr]
+        return tuple(int(NUMBERED.match(m.relative_path).group(2)) for m in self.members)  # type: ignore[union-attr]
 
 
 Item = Node | Repeated
@@ -160,14 +159,14 @@ class TreePairing:
         """``nodes`` with numbered siblings of ``parent`` gathered into one ``Repeated`` item, at the first's place."""
         groups: dict[str, list[Node]] = {}
         for node in nodes:
-            found = _NUMBERED.match(node.relative_path)
+            found = NUMBERED.match(node.relative_path)
             if found and node.call_index == 0 and node.parent is parent:
                 groups.setdefault(found.group(1), []).append(node)
         repeated = {prefix for prefix, members in groups.items() if _repeats(members)}
         out: list[Item] = []
         placed: set[str] = set()
         for node in nodes:
-            found = _NUMBERED.match(node.relative_path)
+            found = NUMBERED.match(node.relative_path)
             prefix = found.group(1) if found else None
             if prefix in repeated and node.call_index == 0 and node.parent is parent:
                 if prefix not in placed:
@@ -295,7 +294,7 @@ class TreePairing:
         a node after that stretch reads, of as many elements as the call's output (ggml's ``ffn_moe_out``,
         the sum over the experts). That is dataflow, not values: a wrong expert leaves the values agreeing with
         nothing, and the pair still compares them. Only outputs are compared (the node reads partial sums)."""
-        paired = {id(x): y for pair in self.pairs for x, y in (pair, pair[::-1])}
+        paired = self._partners()
 
         def lost(node: Node) -> bool:  # no call of its own subtree paired
             return not any(id(n) in paired for n in node.walk())
@@ -319,7 +318,7 @@ class TreePairing:
         a wrong attention before it leaves its values agreeing with nothing; its consumer, ``norm``, pairs with
         ``post_attention_layernorm``, which reads ``o_proj``'s output). Only outputs are compared, as the weakest
         evidence (:data:`HANDED_ON`)."""
-        paired = {id(x): y for pair in self.pairs for x, y in (pair, pair[::-1])}
+        paired = self._partners()
         calls = [n for n in a.walk()[1:] if n.phase == "forward" and main_output(n) is not None]
         made: dict[str, list[Node]] = {}  # payload -> the calls that returned it (a wrapper and its last call)
         for n in calls:
@@ -350,6 +349,10 @@ class TreePairing:
                 continue  # the node agrees with some call: its values, not its consumer, place it
             self._add(call, node, HANDED_ON)
             paired |= {id(call): node, id(node): call}
+
+    def _partners(self) -> dict[int, Node]:
+        """Each node paired so far, by identity, to its partner (both ways)."""
+        return {id(x): y for pair in self.pairs for x, y in (pair, pair[::-1])}
 
     def _hand_on_node(self, call: Node, a: Node, b: Node, paired: dict[int, Node]) -> Node | None:
         before = [paired[id(n)] for n in a.walk()[1:] if id(n) in paired and n.exit_order < call.enter_order]
@@ -681,9 +684,10 @@ def _line_producers(line: list[Item]) -> list[set[int]]:
     """For each item of a graph block's line, the positions in the line of the nodes whose outputs it read
     (the same payload), through the block's nodes that are not in the line (those that compute nothing)."""
     position = {id(item): i for i, item in enumerate(line)}
+    parents = {id(item.parent): item.parent for item in line if isinstance(item, Node) and item.parent is not None}
     made: dict[str, Node] = {}
-    for item in line:
-        for sibling in item.parent.children if isinstance(item, Node) and item.parent is not None else ():
+    for parent in parents.values():
+        for sibling in parent.children:
             for record in sibling.outputs():
                 if record.payload:
                     made.setdefault(record.payload, sibling)

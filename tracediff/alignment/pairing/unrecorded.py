@@ -21,8 +21,9 @@ from dataclasses import replace
 from ...trace.model import Node
 from ..result import TensorComparison
 
-# a block number of up to 18 digits: longer is no layer index (and int() refuses over 4,300 digits)
-_NUMBERED = re.compile(r"^(.*)\.(\d{1,18})$")
+#: ``prefix.N``: a numbered block, N of up to 18 digits (longer is no layer index, and int() refuses over 4,300
+#: digits). The one pattern of a numbered block, for pairing and for what B lost (``alignment/unplaced.py``).
+NUMBERED = re.compile(r"^(.*)\.(\d{1,18})$")
 
 
 def find_unrecorded(nodes: Iterable[Node]) -> dict[str, tuple[str, ...]]:
@@ -38,7 +39,7 @@ def find_unrecorded(nodes: Iterable[Node]) -> dict[str, tuple[str, ...]]:
             continue
         groups: defaultdict[str, set[int]] = defaultdict(set)
         for child in node.children:
-            match = _NUMBERED.match(child.module_path) if child.module_path[-1:].isdigit() else None
+            match = NUMBERED.match(child.module_path) if child.module_path[-1:].isdigit() else None
             if match:
                 groups[match.group(1)].add(int(match.group(2)))
         for prefix, numbers in groups.items():
@@ -105,7 +106,7 @@ def collapse_paths(paths: Iterable[str]) -> list[str]:
     order: list[tuple[str, ...] | str] = []
     for path in dict.fromkeys(paths):
         parts = path.split(".")
-        numbered = [i for i, p in enumerate(parts) if p.isdigit() and len(p) <= 18]  # as _NUMBERED
+        numbered = [i for i, p in enumerate(parts) if p.isdigit() and len(p) <= 18]  # as NUMBERED
         if not numbered:
             singles.append(path)
             order.append(path)

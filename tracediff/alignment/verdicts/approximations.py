@@ -17,6 +17,7 @@ bound does not allow, or a new source after it, and is still named at its module
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -72,7 +73,8 @@ class Approximated:
 def accept_approximations(rows: Sequence[RowDraft], jobs: Sequence[Job], trace_a: Trace,
                           trace_b: Trace | None) -> Approximated:
     """Accept each diverged row of a rounding node's output that the rounding's bound explains."""
-    if trace_b is None:
+    # a close port diverges nowhere: no walk of B's nodes then
+    if trace_b is None or not any(row.within_tolerance is False for row in rows):
         return Approximated(frozenset(), None)
     producers = _producers(trace_b)
     if not any(_is_ggml(node) for node in producers.values()):
@@ -93,8 +95,7 @@ def accept_approximations(rows: Sequence[RowDraft], jobs: Sequence[Job], trace_a
             accepted[index] = BOUNDS[source.module_type or ""][0]
     warning = None
     if accepted:
-        kinds = "; ".join(f"{list(accepted.values()).count(kind)} at its {kind}" for kind in dict.fromkeys(
-            accepted.values()))
+        kinds = "; ".join(f"{count} at its {kind}" for kind, count in Counter(accepted.values()).items())
         warning = (f"{len(accepted)} compared tensor(s) within llama.cpp's own rounding ({kinds}): accepted within "
                    "a bound derived from that rounding from B's recorded inputs, and the rows their error flows "
                    "into as inherited (docs/verdicts.md, runtime approximations)")

@@ -50,6 +50,9 @@ class Recorder(GraphNodeSink, Protocol):
     @property
     def observer(self) -> CallObserver: ...
 
+    def call_lost(self, path: str, call_index: int | None, why: str) -> None:
+        """A call ran and its record cannot be placed in the tree: counted, so the capture is never complete."""
+
 
 class Installed(Protocol):
     """An adapter's interception, in place until ``restore()`` puts back exactly what it changed."""
@@ -88,6 +91,10 @@ class Adapter(Protocol):
     def opens(self, path: Path) -> bool: ...
 
     def load(self, path: Path, options: Mapping[str, Any]) -> Any: ...
+
+    def check_inputs(self, inputs: Mapping[str, Any], source: str = "inputs") -> None: ...
+
+    def check_run(self, model: Any, inputs: Mapping[str, Any], source: str = "inputs") -> None: ...
 
     def run_inputs(self, model: Any, inputs: Mapping[str, Any]) -> None: ...
 
@@ -129,6 +136,14 @@ class AdapterBase:
 
     def load(self, path: Path, options: Mapping[str, Any]) -> Any:
         raise UsageError(f"{path}: {self.models} models are not loaded from a file")
+
+    def check_inputs(self, inputs: Mapping[str, Any], source: str = "inputs") -> None:
+        """UsageError, its message starting with ``source``, when a file's model could never run ``inputs``;
+        called before the model is loaded. Default: nothing refused."""
+
+    def check_run(self, model: Any, inputs: Mapping[str, Any], source: str = "inputs") -> None:
+        """UsageError when the loaded ``model`` cannot run ``inputs`` (before anything is written). Default:
+        nothing refused."""
 
     def run_inputs(self, model: Any, inputs: Mapping[str, Any]) -> None:
         raise UsageError(f"{self.models} models are called by the SPEC's inputs, not run from a file's")

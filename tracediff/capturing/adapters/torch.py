@@ -36,7 +36,7 @@ class TorchAdapter(AdapterBase):
         # a record of compiled code that cannot be placed is counted by the capture's recorder (session.py)
         return ForwardPatch(model, recorder.observer, root_name=recorder.model_name,
                             compiled_regions_only=options.get("compiled") == "regions",
-                            lost=getattr(recorder, "call_lost", None))
+                            lost=recorder.call_lost)
 
     def host(self, value: Any) -> Any:
         return value
