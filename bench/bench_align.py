@@ -7,10 +7,16 @@
 Traces come from a Llama-shaped ``LlamaModel`` (hidden 512, intermediate 1536,
 8 layers, 8 heads, 4 KV heads, vocab 8000) run through
 ``transformers.model_addition_debugger_context(use_repr=False,
-do_prune_layers=False)``. For each size three traces are written: ``ref``,
+do_prune_layers=False)``. For each size four traces are written: ``ref``,
 ``same`` (a second capture of the same model: bit-identical payloads in other
-files) and ``port`` (every weight perturbed by 1e-4 noise, so every tensor
-after the embedding differs). The page cache is warmed by reading every file
+files), ``port`` (every weight perturbed by 1e-4 noise, so every tensor
+after the embedding differs: a port) and ``last`` (only the last decoder
+layer perturbed: every tensor before it identical). Each pair's row shows the
+throughput of one numpy pass over the same payload pairs beside it (``a - b``
+chunk by chunk, two threads: what reading the bytes costs at least) and the
+ratio of the two. Large pairs are compared by the compiled one-pass kernel when
+numba is installed (``tracediff[fast]``); ``TRACEDIFF_KERNEL=numpy`` times the
+numpy path instead. The page cache is warmed by reading every file
 once, then ``align`` runs ``--repeats`` times per pair; throughput is the
 bytes of both traces' payloads over the median time. Peak RSS is measured in
 a fresh process per size, next to the RSS of that process before aligning.
@@ -79,6 +85,32 @@ def build_traces(folder: Path, seq: int) -> None:
                                                       do_prune_layers=False)
         with torch.no_grad(), context:
             model(ids)
+
+
+def build_last(folder: Path, seq: int) -> None:
+    """``last``: the model of ``ref`` with only its last decoder layer perturbed (1e-4 noise), so that every
+    tensor before it is identical and every one after it differs (the "only the last layer changed" case)."""
+    import torch
+    from transformers import LlamaConfig, LlamaModel, model_addition_debugger_context
+
+    config = LlamaConfig(hidden_size=512, intermediate_size=1536, num_hidden_layers=8, num_attention_heads=8,
+                         num_key_value_heads=4, vocab_size=8000, max_position_embeddings=max(4096, seq))
+    torch.manual_seed(0)
+    model = LlamaModel(config).eval().to(BUILD["device"], getattr(torch, BUILD["dtype"]))
+    ids = torch.randint(0, config.vocab_size, (1, seq)).to(BUILD["device"])
+    with torch.no_grad():
+        for p in model.layers[-1].parameters():
+            p.add_(torch.randn_like(p) * 1e-4)
+    out = folder / "last"
+    shutil.rmtree(out, ignore_errors=True)
+    if BUILD["capture"] == "tracediff":
+        import tracediff
+
+        context = tracediff.capture(model, out)
+    else:
+        context = model_addition_debugger_context(model, debug_path=str(out), use_repr=False, do_prune_layers=False)
+    with torch.no_grad(), context:
+        model(ids)
 
 
 def payload_bytes(folder: Path) -> int:
@@ -188,6 +220,19 @@ def time_comparison(ref: Path, other: Path, repeats: int, floor: bool = False) -
     return statistics.median(times), statistics.median(cpu)
 
 
+def comparison_kernel() -> str:
+    """Which comparison runs on large pairs: the compiled one-pass kernel (numba) or numpy."""
+    try:
+        from tracediff.compare import kernel
+    except ImportError:
+        return "numpy (this tracediff has no compiled kernel)"
+    if not kernel.enabled() or kernel.load() is None:
+        return f"numpy ({kernel.VARIABLE}=numpy or numba missing)"
+    import numba  # type: ignore[import-untyped]
+
+    return f"compiled one-pass kernel (numba {numba.__version__}) for pairs of {kernel.MIN_ELEMENTS}+ elements"
+
+
 def time_cli(argv: list[str], repeats: int) -> tuple[float, float, int]:
     """Median seconds and the largest peak RSS (MB) of ``argv`` run as a fresh process, and its exit code
     (``CLI_CPU[-1]`` then holds the median CPU seconds, user and system, of those runs)."""
@@ -246,6 +291,9 @@ def ensure(folder: Path, target_mb: int) -> Path:
         print(f"writing traces with seq={seq} into {here} ...", file=sys.stderr)
         here.mkdir(parents=True, exist_ok=True)
         build_traces(here, seq)
+    if not ((here / "last").is_dir() and any((here / "last").glob("*.json"))):
+        print(f"writing the last-layer trace with seq={seq} into {here} ...", file=sys.stderr)
+        build_last(here, seq)
     return here
 
 
@@ -281,11 +329,17 @@ def main() -> None:
         warm(here / name)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} cores")
     print(f"load average before: {os.getloadavg()[0]:.2f}")
-    print(f"{'pair':<12}{'MB (A+B)':>10}{'median s':>10}{'GB/s':>8}{'CPU s':>8}  passed")
-    for pair in ("same", "port"):
+    print(f"kernel: {comparison_kernel()}")  # loaded now: the in-process figures are those of a warm kernel
+    print("align in this process (GB/s), next to one numpy pass over the same payload pairs (a - b chunk by chunk")
+    print("into a reused array, two threads: the floor any comparison pays to read the bytes):")
+    print(f"{'pair':<12}{'MB (A+B)':>10}{'median s':>10}{'GB/s':>8}{'CPU s':>8}{'numpy pass GB/s':>17}"
+          f"{'ratio':>7}  passed")
+    for pair in ("same", "port", "last"):
         total = payload_bytes(here / "ref") + payload_bytes(here / pair)
         seconds, cpu, passed = time_align(here / "ref", here / pair, args.repeats)
-        print(f"ref~{pair:<8}{total / 1e6:>10.0f}{seconds:>10.3f}{total / seconds / 1e9:>8.2f}{cpu:>8.3f}  {passed}")
+        floor, _ = time_comparison(here / "ref", here / pair, args.repeats, floor=True)
+        print(f"{'ref~' + pair:<12}{total / 1e6:>10.0f}{seconds:>10.3f}{total / seconds / 1e9:>8.2f}{cpu:>8.3f}"
+              f"{total / floor / 1e9:>17.2f}{floor / seconds:>7.2f}  {passed}")
 
     if args.fast_path:
         fast_path(here / "ref", here / "same", args.repeats)
@@ -306,7 +360,7 @@ def main() -> None:
         seconds, peak, code = time_cli(tool + ["align", "--help"], args.repeats)
         print(f"{'align --help (start-up)':<28}{'':>10}{seconds:>10.3f}{'':>8}{peak:>13.0f}  {code}"
               f"  CPU {CLI_CPU[-1]:.3f} s")
-        for pair in ("same", "port"):
+        for pair in ("same", "port", "last"):
             total = payload_bytes(here / "ref") + payload_bytes(here / pair)
             seconds, peak, code = time_cli(tool + ["align", str(here / "ref"), str(here / pair)], args.repeats)
             print(f"{'align ref ' + pair:<28}{total / 1e6:>10.0f}{seconds:>10.3f}{total / seconds / 1e9:>8.2f}"

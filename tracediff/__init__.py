@@ -41,6 +41,7 @@ from .errors import (
 # public name -> module that defines it
 _LAZY = {
     "capture": "capturing",
+    "capture_file": "capturing",
     "CaptureSession": "capturing",
     "Verification": "capturing",
     "model_addition_debugger_context": "capturing",
@@ -70,7 +71,7 @@ _LAZY = {
 if TYPE_CHECKING:
     from .alignment import Alignment, ArgumentDiff, TensorComparison, Unmatched, align, assert_traces_close
     from .attribution import Attribution, attribute
-    from .capturing import CaptureSession, Verification, capture, model_addition_debugger_context
+    from .capturing import CaptureSession, Verification, capture, capture_file, model_addition_debugger_context
     from .importers import ImportResult, import_dump
     from .replaying import Replay, replay
     from .steps import StepComparison, StepDivergence, StepRecorder, StepSummary, compare_steps

@@ -33,7 +33,7 @@ from .errors import TraceFormatError
 
 #: ``"MAJOR.MINOR"``. A reader refuses a newer MAJOR and ignores what it does not know within a MAJOR.
 #: Traces of tracediff 0.1 carry the integer ``1``, read as ``"1.0"``.
-FORMAT_VERSION = "1.6"
+FORMAT_VERSION = "1.7"
 
 # --- files --------------------------------------------------------------------------------------------------
 
@@ -221,6 +221,17 @@ SOURCE_EXTERNAL = "external"
 ATTRIBUTES = "attributes"
 #: The ``py_type`` of an input read from outside the trace (a graph node's ``sources`` entry that is external).
 EXTERNAL_INPUT = "external"
+#: A graph node's module scopes, outermost first (``["model", "model.layers.0", "model.layers.0.mlp"]``), where
+#: its runtime's scopes are module paths (1.7); absent: the scope is the node's path less its last segment.
+NODE_SCOPES = "scopes"
+#: The trace metadata's graph vocabulary (1.7, :mod:`tracediff.trace.vocabulary`): how the scopes read, and the
+#: runtime's ops that move no value, keep the values' order, apply a rotary embedding, or round on purpose.
+GRAPH_KEY = "graph"
+GRAPH_SCOPES = "scopes"
+GRAPH_VIEWS = "views"
+GRAPH_SAME_VALUES = "same_values"
+GRAPH_ROTARY = "rotary"
+GRAPH_APPROXIMATIONS = "approximations"
 
 # --- tensor entries -----------------------------------------------------------------------------------------
 
@@ -282,10 +293,13 @@ METADATA_KEYS = (
     "torch_version", "python_version", "transformers_version", "model_class",
     "model_name", "devices", "dtypes", "world_size", "rank", "created", "options", COMPLETE_KEY, ERROR,
     "capture_failure", "calls", "unrecorded_calls", "payload_files", "payload_bytes", "verification",
-    "forward_parameters", "compile", "mesh", "run_started", "runtime",
+    "forward_parameters", "compile", "mesh", "run_started", "runtime", "graph", "compute_dtype",
 )
 #: Facts a runtime's adapter records about the model (a JSON object of its own: a gguf file's name, ...).
 RUNTIME = "runtime"
+#: The floating dtype the runtime computed in where its tensors do not show it (1.7): OpenVINO's bf16 inference
+#: precision returns float32 tensors. A torch dtype name, ``"torch.bfloat16"``; absent when the tensors tell.
+COMPUTE_DTYPE = "compute_dtype"
 FORWARD_PARAMETERS = "forward_parameters"
 #: How the model ran compiled (``torch.compile``): its compiled ``regions``, how their values were ``recording``
 #: taken, and what Dynamo compiled ``during_capture`` (docs/compiled.md). Absent when nothing ran compiled.

@@ -197,15 +197,19 @@ def test_a_draft_row_puts_every_value_in_its_own_field() -> None:
     """``draft_row`` passes arguments by position: each field must get its own value, none swapped."""
     import dataclasses
 
+    from tracediff.alignment.pairing.make import pair_of
     from tracediff.alignment.rows import draft_row, freeze_rows
     from tracediff.compare.measurement import ANNOTATIONS, Measurement
+    from tracediff.trace.model import Node, TensorRecord
 
     metrics = {f.name: f"metric {f.name}" for f in dataclasses.fields(Measurement)  # every field a comparison fills
                if f.name not in ANNOTATIONS}  # (not the annotations' raw findings: annotate_rows sets those)
     who = dict(order=3, module_path_a="A.x", module_path_b="B.x", call_index=1, call_index_b=2, tensor="outputs",
                tensor_a="outputs.0", shape_a=(2, 3), shape_b=(3, 2), dtype_a="torch.float32",
                dtype_b="torch.bfloat16", atol=1e-5, rtol=1e-3, module_type="Linear")
-    (row,) = freeze_rows([draft_row(*who.values(), Measurement(**metrics))])
+    pair = pair_of(Node("A.x", "x", 1, None, 1, 0), TensorRecord("outputs.0", 0, (2, 3), "torch.float32", {}),
+                   Node("B.x", "x", 2, "Linear", 1, 0), TensorRecord("outputs", 0, (3, 2), "torch.bfloat16", {}))
+    (row,) = freeze_rows([draft_row(3, pair, 1e-5, 1e-3, Measurement(**metrics))])
     assert row == TensorComparison(**who, **metrics)
     assert row.matched_by == "name" and row.origin is None  # the rest keep their defaults
 
@@ -232,12 +236,15 @@ def test_a_trace_named_twice_is_read_once(traces: TraceStore, monkeypatch: pytes
 def test_a_draft_takes_the_later_stages_fields_and_freezes_into_a_row_that_refuses_changes() -> None:
     import dataclasses
 
+    from tracediff.alignment.pairing.make import pair_of
     from tracediff.alignment.result import fill
     from tracediff.alignment.rows import RowDraft, draft_row, freeze_rows
     from tracediff.compare.measurement import unmeasured
+    from tracediff.trace.model import Node, TensorRecord
 
-    draft = draft_row(0, "A.x", "B.x", 0, 0, "outputs", "outputs", (2,), (2,), "torch.float32",
-                      "torch.float32", 1e-5, 1e-3, None, unmeasured("no_data", None, ""))
+    record = TensorRecord("outputs", 0, (2,), "torch.float32", {})
+    pair = pair_of(Node("A.x", "x", 0, None, 1, 0), record, Node("B.x", "x", 0, None, 1, 0), record)
+    draft = draft_row(0, pair, 1e-5, 1e-3, unmeasured("no_data", None, ""))
     draft.growth = 2.5
     assert isinstance(draft, RowDraft) and draft.growth == 2.5 and draft.origin is None
     copy = fill(draft, origin="introduced")  # a copy of its own class: a draft stays a draft

@@ -22,6 +22,7 @@ import torch
 import tracediff
 from tracediff.capturing.adapters import AdapterBase, register_adapter, unregister_adapter
 from tracediff.cli.main import main as cli_main
+from tracediff.trace.vocabulary import GraphVocabulary
 
 VOCAB, SEQ = 300, 8
 TOKENS = torch.randint(3, 100, (1, SEQ), generator=torch.Generator().manual_seed(3))
@@ -133,6 +134,8 @@ class GgmlLikeAdapter(AdapterBase):
     """The graph's runtime: its adapter hands the capture's sink to the graph."""
 
     framework, models = "ggml-like", "ggml-like"
+    graph = GraphVocabulary(scopes="blocks", views=frozenset({"RESHAPE", "VIEW", "PERMUTE", "TRANSPOSE", "CONT"}),
+                            same_values=frozenset({"RESHAPE", "CONT"}), rotary=frozenset({"ROPE"}))
 
     def recognises(self, model: Any) -> bool:
         return isinstance(model, GgmlLikeGraph)

@@ -72,3 +72,21 @@ def test_a_compiled_layer_is_replayed_under_its_own_path(tmp_path: Path) -> None
     assert result.compiled
     assert [call.module_path_b for call in result.culprits] == ["Tiny.extra"]
     assert all("_orig_mod" not in call.module_path_b for call in result.modules) and not result.skipped
+
+
+def test_what_differs_for_a_compiled_b_is_decided_once() -> None:
+    """``how_b_runs``: an eager B as it is; a compiled one by its own modules, each replayed through its own
+    ``torch.compile`` (made once), and no float64 oracle."""
+    from tracediff.replaying.compiled import CompiledB, EagerB, how_b_runs
+
+    model = tiny()
+    eager_b = how_b_runs(model)
+    assert type(eager_b) is EagerB and eager_b.model is model and eager_b.oracle_allowed and not eager_b.compiled
+    assert eager_b.runnable(model.extra) is model.extra and eager_b.whole() is model
+    compiled = torch.compile(model, dynamic=False)
+    compiled_b = how_b_runs(compiled)
+    assert isinstance(compiled_b, CompiledB) and compiled_b.model is model and compiled_b.whole() is compiled
+    assert not compiled_b.oracle_allowed and compiled_b.compiled
+    assert not any("_orig_mod" in path for path in compiled_b.module_table())
+    run = compiled_b.runnable(model.extra)
+    assert run is not model.extra and compiled_b.runnable(model.extra) is run

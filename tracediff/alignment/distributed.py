@@ -18,7 +18,7 @@ in docs/distributed.md ("Compare where the data lives").
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Container, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -35,7 +35,8 @@ from ..trace.load import Trace
 from ..trace.payload import as_floats, is_floating
 from .lm_results import PositionStrip
 from .lm_verdicts import TokenSpans
-from .result import Job, TensorComparison
+from .pair import Pair
+from .result import TensorComparison
 
 _ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
@@ -127,13 +128,13 @@ class Merged:
 _Local = tuple[int, Any, str | None, tuple[int, np.ndarray] | None, int]
 
 
-def measure_where_stored(group: Group, jobs: list[Job], trace_a: Trace, trace_b: Trace,
-                         tolerance: Callable[[int], tuple[float, float]], how: dict[Any, Any], spans: TokenSpans
+def measure_where_stored(group: Group, pairs: Sequence[Pair], trace_a: Trace, trace_b: Trace,
+                         tolerance: Callable[[int], tuple[float, float]], whole: Container[int], spans: TokenSpans
                          ) -> Merged | None:
     """Each rank measures its shard of every pair it can; rank 0 gets the merged rows (other ranks: None).
 
-    Collective: every rank of ``group`` must call it with the same jobs. ``tolerance(order)`` is the pair's
-    (atol, rtol); ``how`` the plan's layout transforms (pairs compared through one are left to rank 0);
+    Collective: every rank of ``group`` must call it with the same pairs. ``tolerance(order)`` is the pair's
+    (atol, rtol); ``whole``: the orders of the pairs left to rank 0 (those compared through a layout transform);
     ``spans``: ``TokenSpans.of(trace_b)``."""
     import torch.distributed as dist
 
@@ -142,13 +143,13 @@ def measure_where_stored(group: Group, jobs: list[Job], trace_a: Trace, trace_b:
         held = f"holds {sharded.world_size} rank folders" if sharded is not None else "is not a multi-rank folder"
         raise UsageError(f"{trace_b.directory}: --distributed runs one process per rank folder of B, and B {held} "
                          f"for {group.world} processes: launch torchrun --nproc-per-node with B's rank count")
-    orders = [i for i, job in enumerate(jobs) if _splittable(job, trace_a, sharded, how, group.world)]
+    orders = [i for i, pair in enumerate(pairs) if i not in whole and _splittable(pair, trace_a, sharded, group.world)]
     local: list[_Local] = []
     failure: str | None = None
-    axes = _axes(jobs, orders, spans)
+    axes = _axes(pairs, orders, spans)
     for order in orders:
         try:
-            local.append(_measure_mine(group.rank, jobs[order], trace_a, sharded, *tolerance(order), axes.get(order)))
+            local.append(_measure_mine(group.rank, pairs[order], trace_a, sharded, *tolerance(order), axes.get(order)))
         except PayloadFormatError as e:  # a broken trace is refused whole, on rank 0, after the gather
             failure = str(e)
             break
@@ -164,7 +165,7 @@ def measure_where_stored(group: Group, jobs: list[Job], trace_a: Trace, trace_b:
                        for mine, _ in everyone]
             merged = Merged({}, {}, {}, {})
             for order in orders:
-                _merge(order, jobs[order], by_rank, sharded, tolerance(order), merged)
+                _merge(order, pairs[order], by_rank, sharded, tolerance(order), merged)
             candidate = next((order for order in orders if order in merged.apart and order in axes
                               and merged.measurements[order].within_tolerance is False), None)
     # the first sliced row out of tolerance, if it has a sequence dim: every rank sends its position ratios, for
@@ -173,7 +174,7 @@ def measure_where_stored(group: Group, jobs: list[Job], trace_a: Trace, trace_b:
     dist.broadcast_object_list(box, src=0)
     candidate = box[0]
     if candidate is not None:
-        ratios = _ratios_mine(group.rank, jobs[candidate], trace_a, sharded, *tolerance(candidate), axes[candidate])
+        ratios = _ratios_mine(group.rank, pairs[candidate], trace_a, sharded, *tolerance(candidate), axes[candidate])
         every_ratio: list[Any] = [None] * group.world if group.is_root else []
         dist.gather_object(ratios, every_ratio if group.is_root else None, dst=0)
         if merged is not None and all(r is not None for r in every_ratio):
@@ -183,19 +184,19 @@ def measure_where_stored(group: Group, jobs: list[Job], trace_a: Trace, trace_b:
     return merged
 
 
-def strip_of(merged: Merged, first: TensorComparison, job: Job, spans: TokenSpans) -> PositionStrip | None:
+def strip_of(merged: Merged, first: TensorComparison, pair: Pair, spans: TokenSpans) -> PositionStrip | None:
     """The position strip of ``first``, a row sliced over ranks, from the ratios its ranks sent (None: none)."""
     ratios = merged.strips.get(first.order)
-    axis = spans.of_pair(job)
+    axis = spans.of_pair(pair)
     if ratios is None or axis is None:
         return None
     return PositionStrip(first.order, axis[1], tuple(float(r) for r in ratios))
 
 
-def _ratios_mine(rank: int, job: Job, trace_a: Trace, trace_b: ShardedTrace, atol: float, rtol: float,
+def _ratios_mine(rank: int, pair: Pair, trace_a: Trace, trace_b: ShardedTrace, atol: float, rtol: float,
                  axis: int) -> tuple[int, np.ndarray] | None:
     """Where this rank's slice starts along ``axis``, and the largest error ratio at each of its positions."""
-    _, ra, _, rb = job
+    ra, rb = pair.record_a, pair.record_b
     try:
         span = next(span for r, span, _ in trace_b.shard_views(rb) if r == rank)
         whole, raw = trace_a.load_payload(ra), trace_b.local_shard(rb, rank)
@@ -218,9 +219,9 @@ def _joined(sent: list[tuple[int, np.ndarray]], dtype: type, combine: np.ufunc) 
     return joined
 
 
-def _splittable(job: Job, trace_a: Trace, trace_b: ShardedTrace, how: dict[Any, Any], world: int) -> bool:
+def _splittable(pair: Pair, trace_a: Trace, trace_b: ShardedTrace, world: int) -> bool:
     """A pair whose B is sliced over ranks along one dim (or replicated) and A read whole: measured in parts."""
-    _, ra, _, rb = job
+    ra, rb = pair.record_a, pair.record_b
     if isinstance(trace_a, ShardedTrace):
         return False
     if not (ra.has_payload and rb.has_payload) or ra.shape is None or ra.shape != rb.shape:
@@ -228,21 +229,19 @@ def _splittable(job: Job, trace_a: Trace, trace_b: ShardedTrace, how: dict[Any, 
     if not (ra.dtype and rb.dtype and is_floating(ra.dtype.removeprefix("torch."))
             and is_floating(rb.dtype.removeprefix("torch."))):
         return False
-    if how.get((id(ra), id(rb)), (None, None))[1] is not None:
-        return False
     return len(trace_b.shard_views(rb)) == world
 
 
-def _axes(jobs: list[Job], orders: list[int], spans: TokenSpans) -> dict[int, int]:
+def _axes(pairs: Sequence[Pair], orders: list[int], spans: TokenSpans) -> dict[int, int]:
     """The sequence dimension of each pair that has one (positions are named along it)."""
-    found = {order: spans.of_pair(jobs[order]) for order in orders}
+    found = {order: spans.of_pair(pairs[order]) for order in orders}
     return {order: axis[0] for order, axis in found.items() if axis is not None}
 
 
-def _measure_mine(rank: int, job: Job, trace_a: Trace, trace_b: ShardedTrace, atol: float, rtol: float,
+def _measure_mine(rank: int, pair: Pair, trace_a: Trace, trace_b: ShardedTrace, atol: float, rtol: float,
                   axis: int | None) -> _Local:
-    """This rank's shard of ``job`` against the slice of A it covers."""
-    _, ra, _, rb = job
+    """This rank's shard of ``pair`` against the slice of A it covers."""
+    ra, rb = pair.record_a, pair.record_b
     span = next(span for r, span, _ in trace_b.shard_views(rb) if r == rank)
     whole = trace_a.load_payload(ra)
     a = whole.with_values(whole.values[span])
@@ -278,9 +277,9 @@ def _positions(slices: list[tuple[int, np.ndarray] | None]) -> np.ndarray | None
     return _joined(sent, bool, np.logical_or) if sent else None
 
 
-def _merge(order: int, job: Job, by_rank: list[dict[int, tuple[Any, str | None, Any, int]]],
+def _merge(order: int, pair: Pair, by_rank: list[dict[int, tuple[Any, str | None, Any, int]]],
            trace_b: ShardedTrace, tol: tuple[float, float], merged: Merged) -> None:
-    _, ra, _, rb = job
+    ra, rb = pair.record_a, pair.record_b
     ranks = [r for r, _, _ in trace_b.shard_views(rb)]  # mesh order
     sent = [by_rank[r].get(rb.order) for r in ranks]
     found = [f for f in sent if f is not None]

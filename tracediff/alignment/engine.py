@@ -44,31 +44,40 @@ from ..compare.measurement import Measurement
 from ..compare.records import compare_records
 from ..compare.tolerance import Tolerance, TolerancePolicy
 from ..errors import UsageError
+from ..files.progress import progress_bar
 from ..maps.rules import _UNSET, MapSpec, map_argument, read_map
 from ..order import reordered, worker_threads
 from ..trace.load import Trace, load_trace
-from ..trace.model import Node, TensorRecord
+from ..trace.model import TensorRecord
 from ..trace.ranks import is_multi_rank
 from .decode_steps import restrict_steps, set_steps, step_count, summarize_steps
-from .lm_verdicts import TokenSpans, annotate_rows, check_logits_patterns, position_strip, reread_jobs, sequence_axes
+from .doubts import undecided_first_divergence, weak_first_divergence
+from .lm_results import PositionStrip
+from .lm_verdicts import TokenSpans, annotate_rows, check_logits_patterns, position_strip, reread_pairs, sequence_axes
 from .ops import annotate_op_rows, pair_ops
+from .pair import Pair
+from .pairing.layout import compare_transformed
+from .pairing.make import relaid
 from .pairing.permuted import decide_orders
-from .pairing.plan import Plan, plan_pairs
+from .pairing.placed_by_values import place_by_values
+from .pairing.plan import plan_pairs
 from .pairing.producers import likely_source
 from .pairing.unrecorded import carry_origin, mark_unrecorded_origin
-from .result import Alignment, Job, TensorComparison, Unmatched
+from .result import Alignment, TensorComparison
 from .rows import RowDraft, draft_row, freeze_rows
+from .stages import Judged, Loaded, Measured, Paired, Settings
 from .token_choices import compare_tokens
 from .unplaced import find_unplaced
 from .verdicts.apply import check_ignore, judge
 from .verdicts.arguments import diff_arguments
 from .verdicts.noise import DEFAULT_NOISE_FACTOR
-from .verdicts.sources import role
+from .verdicts.origins import set_origins
 
 if TYPE_CHECKING:  # sharded and distributed alignments import their modules when they happen
     from concurrent.futures import ThreadPoolExecutor
 
     from ..sharding import ShardRules
+    from ..sharding.findings import ShardFinding
     from .distributed import Group
 
 TraceLike = str | Path | Trace
@@ -84,12 +93,6 @@ def _shard_rules(shards: str | Path | ShardRules | None) -> ShardRules | None:
     from ..sharding import read_rules
 
     return read_rules(shards)
-
-
-def _strip_of(merged: Any, first: TensorComparison, job: Job, spans: TokenSpans) -> Any:
-    from .distributed import strip_of
-
-    return strip_of(merged, first, job, spans)
 
 
 def _load_sides(a: TraceLike, b: TraceLike, baseline: TraceLike | None, shards: ShardRules | None = None
@@ -218,139 +221,195 @@ def _align(a: TraceLike, b: TraceLike, group: Group | None, *, atol: Tolerance, 
            progress: bool, baseline: TraceLike | None, noise_factor: float, ignore: Iterable[str] | str | None,
            match: str, allow_incomplete: bool, rename: MapSpec, step: int | None,
            logits: str | Sequence[str] | None, shards: str | Path | ShardRules | None) -> Alignment | None:
-    """``align``; with ``group``, this rank's part of a distributed alignment (None on ranks other than 0)."""
+    """``align`` as its pipeline: load -> pair -> measure -> judge -> report (:mod:`tracediff.alignment.stages`).
+    With ``group``, this rank's part of a distributed alignment (None on ranks other than 0)."""
     if not (isinstance(noise_factor, (int, float)) and noise_factor >= 1):
         raise UsageError(f"noise_factor={noise_factor!r}: expected a number >= 1")
     ignore_rules = check_ignore(ignore)
     logits_patterns = check_logits_patterns(logits)
-    shard_rules = _shard_rules(shards)
-    trace_a, trace_b, trace_n = _load_sides(a, b, baseline, shard_rules)
+    loaded = load(a, b, baseline, shards=_shard_rules(shards), step=step)
+    settings = Settings(
+        map=read_map(map_argument(map, rename)),  # read after the traces: a bad trace is named first
+        policy=TolerancePolicy(atol=atol, rtol=rtol, computed_a=loaded.a.compute_dtype,
+                               computed_b=loaded.b.compute_dtype),
+        match=match, ignore=ignore_rules, logits=logits_patterns, noise_factor=float(noise_factor), step=step)
+    paired = pair(loaded, settings)
+    measured = measure(loaded, paired, settings, group, progress=progress and (group is None or group.is_root))
+    if measured is None:  # a rank other than 0 of a distributed alignment: its shards are measured
+        return None
+    judged = judge_rows(loaded, measured, settings)
+    return report(loaded, paired, measured, judged, settings, allow_incomplete=bool(allow_incomplete))
+
+
+def load(a: TraceLike, b: TraceLike, baseline: TraceLike | None, *, shards: ShardRules | None,
+         step: int | None) -> Loaded:
+    """The traces compared, cut to the decode steps compared (``step``: one alone), and the baseline."""
+    trace_a, trace_b, trace_n = _load_sides(a, b, baseline, shards)
     sharded = trace_a.sharded or trace_b.sharded
     if sharded:
-        from .sharded import findings, name_ranks, place_unrecorded
+        from .sharded import place_unrecorded
 
         place_unrecorded(trace_a, trace_b)
-    step_counts = (step_count(trace_a), step_count(trace_b))
-    trace_a, trace_b, step_note = restrict_steps(trace_a, trace_b, step)
-    rename_map = read_map(map_argument(map, rename))
-    rules = list(rename_map.rename)
-    policy = TolerancePolicy(atol=atol, rtol=rtol)
-    plan = plan_pairs(trace_a, trace_b, rules, match=match, slots=list(rename_map.slots))  # calls, tensors, layouts
-    matching = plan.matching
-    jobs, unmatched_a, unmatched_b = list(plan.jobs), list(plan.unmatched_a), list(plan.unmatched_b)
-    # op nodes, inside matched calls: what flows from the module tensors paired above into ops is linked
-    op_pairing = pair_ops(trace_a, trace_b, matching.pairs, policy, values=plan.values, tensor_pairs=plan.jobs)
-    jobs += op_pairing.jobs
-    unmatched_a += op_pairing.unmatched_a
-    unmatched_b += op_pairing.unmatched_b
-    jobs.sort(key=lambda job: job[3].order)
+    counts = (step_count(trace_a), step_count(trace_b))
+    trace_a, trace_b, note = restrict_steps(trace_a, trace_b, step)
+    placed = place_by_values(trace_a, trace_b)  # an exported graph without scopes: under A's modules, by values
+    return Loaded(trace_a, trace_b, trace_n, sharded, counts, note, TokenSpans.of(trace_b),
+                  placed.warning if placed is not None else None)
+
+
+def pair(loaded: Loaded, settings: Settings) -> Paired:
+    """Every tensor pair to compare, in B's order: calls, their tensors and layouts (:mod:`.pairing.plan`),
+    then the op nodes inside matched calls, linked through what flows into them from the pairs above."""
+    plan = plan_pairs(loaded.a, loaded.b, list(settings.map.rename), match=settings.match,
+                      slots=list(settings.map.slots))
+    ops = pair_ops(loaded.a, loaded.b, plan.matching.pairs, settings.policy, values=plan.values,
+                   tensor_pairs=plan.pairs)
+    # a graph's nested calls share their last node's output record: the innermost first, as a module exits first
+    pairs = sorted(plan.pairs + tuple(ops.pairs), key=lambda pair: (pair.record_b.order, -pair.node_b.depth))
+    return Paired(plan, ops, tuple(pairs), plan.unmatched_a + tuple(ops.unmatched_a),
+                  plan.unmatched_b + tuple(ops.unmatched_b))
+
+
+def measure(loaded: Loaded, paired: Paired, settings: Settings, group: Group | None, *, progress: bool
+            ) -> Measured | None:
+    """Compare every pair, one pair in memory at a time; then the rotary families whose order the rows
+    reveal (side by side or in halves) are compared again under that order. With ``group``, each rank first
+    measures its own shards and rank 0 goes on with the merged rows (None on the other ranks)."""
+    pairs = paired.pairs
     merged = None
-    spans = TokenSpans.of(trace_b)
-    if group is not None:  # each rank measures its own shards; rank 0 goes on with the merged rows
+    if group is not None:
         from .distributed import measure_where_stored
 
-        merged = measure_where_stored(group, jobs, trace_a, trace_b, lambda i: policy.resolve(
-            (jobs[i][0].relative_path, jobs[i][2].relative_path), jobs[i][1].dtype, jobs[i][3].dtype), plan.how,
-            spans)
+        whole = {i for i, pair in enumerate(pairs) if pair.transform is not None}  # read through a transform
+        merged = measure_where_stored(group, pairs, loaded.a, loaded.b,
+                                      lambda i: settings.tolerance(pairs[i]), whole, loaded.spans)
         if merged is None:
             return None
     apart = merged.measurements if merged is not None else {}
-    sliced = merged.apart if merged is not None else {}  # rows whose pair is never read whole on rank 0
+    axis_of = sequence_axes(loaded.spans)
 
-    tick = _progress(progress and (group is None or group.is_root), jobs)
-    axis_of = sequence_axes(spans)
-    # what the comparison of row i found for its annotations (pcc, positions): read once, in the same pass
-    measurements: list[Measurement | None] = [None] * len(jobs)
-
-    def compare(order: int, tick: Callable[[Any], None] = tick) -> RowDraft:
-        na, ra, nb, rb = jobs[order]
-        atol, rtol = policy.resolve((na.relative_path, nb.relative_path), ra.dtype, rb.dtype)
-        # a pair related by a layout transform is compared through it (plan.how is empty for most traces)
-        measurement = apart.get(order) or plan.how and plan.compare(trace_a, ra, trace_b, rb, atol=atol, rtol=rtol) \
-            or compare_records(trace_a, ra, trace_b, rb, atol=atol, rtol=rtol, along=axis_of(nb, rb))
-        measurements[order] = measurement
+    def compare(order: int, pair: Pair, tick: Callable[[Any], None]) -> tuple[RowDraft, Measurement]:
+        atol, rtol = settings.tolerance(pair)
+        ra, rb = pair.record_a, pair.record_b
+        measurement = apart.get(order) or (
+            compare_transformed(loaded.a, ra, loaded.b, rb, pair.transform, atol=atol, rtol=rtol)
+            if pair.transform is not None
+            else compare_records(loaded.a, ra, loaded.b, rb, atol=atol, rtol=rtol, along=axis_of(pair.node_b, rb)))
         tick(rb)
-        return draft_row(order, na.module_path, nb.module_path, na.call_index, nb.call_index, rb.slot,
-                         ra.slot, ra.shape, rb.shape, ra.dtype, rb.dtype, atol, rtol,
-                         nb.module_type or na.module_type, measurement)
+        return draft_row(order, pair, atol, rtol, measurement), measurement
 
-    # each row is a draft (alignment.rows) until every stage below has decided it, then frozen once
+    tick = _progress(progress, pairs)
     # threads help only where numpy works on payloads; statistics are compared in Python, under the GIL
-    with _workers(_pair_bytes(jobs)) as run:
-        drafts: list[RowDraft] = run(compare, range(len(jobs)))
+    with _workers(_pair_bytes(pairs)) as run:
+        first: list[tuple[RowDraft, Measurement]] = run(lambda i: compare(i, pairs[i], tick), range(len(pairs)))
     tick(None)
-    # rotary pairs side by side or in halves
-    reordered = decide_orders(drafts, jobs, trace_a, trace_b, plan.values, transformed=plan.how.keys(),
-                              pcc=[m.pcc if m is not None else None for m in measurements])
-    for i, order in reordered.items():
-        plan.how[(id(jobs[i][1]), id(jobs[i][3]))] = ("layout", order)
-    drafts = [compare(i, _no_tick) if i in reordered else row for i, row in enumerate(drafts)]
-    annotate_op_rows(drafts, jobs, op_pairing)
-    for i, matched_by, transform, pairing in plan.annotations(jobs):  # how each pair was found
-        row = drafts[i]
-        row.matched_by = matched_by or row.matched_by
-        row.transform = transform
-        row.pairing = pairing
-    _with_origins(drafts, jobs)
-    with _workers(2 * sum(_record_bytes(ra) for _, ra, _, _ in jobs if ra.has_payload) if trace_n is not None
-                  else 0) as run:
-        verdicts = judge(drafts, jobs, trace_a, baseline=trace_n, noise_factor=float(noise_factor),
-                         ignore=ignore_rules, run=run, sharded=sharded, trace_b=trace_b)
-    set_steps(drafts, trace_b)
-    again = reread_jobs(drafts, jobs, measurements, logits_patterns, sliced)
-    with _workers(_pair_bytes(again)) as run:  # only what the comparison could not annotate is read again
-        logits_verdicts = annotate_rows(drafts, jobs, trace_a, trace_b, logits=logits_patterns, run=run,
-                                        measurements=measurements, measured_apart=sliced, spans=spans)
-    rows = freeze_rows(drafts)  # decided: from here on every row is a frozen TensorComparison
-    del drafts
-    # sharded traces: whose shard first goes out of tolerance
-    if sharded:
-        name_ranks(rows, jobs, trace_a, trace_b, merged.ranks if merged is not None else None)
+    orders = decide_orders([row for row, _ in first], pairs, loaded.a, loaded.b, paired.plan.values,
+                           pcc=[m.pcc for _, m in first])
+    relaid_pairs = tuple(relaid(pair, orders[i]) if i in orders else pair for i, pair in enumerate(pairs))
+    done = [compare(i, pair, _no_tick) if i in orders else first[i] for i, pair in enumerate(relaid_pairs)]
+    return Measured(relaid_pairs, tuple(row for row, _ in done), tuple(m for _, m in done), merged)
 
-    warnings = policy.unused_pattern_warnings(n.relative_path for nodes in (matching.nodes_b, matching.nodes_a)
-                                              for n in nodes)
-    if matching.structural and match != "structure":
-        warnings.insert(0, "module paths did not line up; nodes were matched by structure "
-                           "(values, sizes and call order). Check the suggested rename map.")
-    warnings[:0] = plan.warnings
-    if step_note:
-        warnings.insert(0, step_note)
+
+def judge_rows(loaded: Loaded, measured: Measured, settings: Settings) -> Judged:
+    """Decide the drafts: op names, origins, noise floors, ignored rows and sources, decode steps, positions
+    and logits verdicts (:mod:`.verdicts.apply`, :mod:`.lm_verdicts`); then freeze them."""
+    drafts, pairs, sliced = measured.drafts, measured.pairs, measured.sliced
+    annotate_op_rows(drafts, pairs)
+    set_origins(drafts, pairs)
+    baseline_bytes = 2 * sum(_record_bytes(p.record_a) for p in pairs if p.record_a.has_payload)
+    with _workers(baseline_bytes if loaded.baseline is not None else 0) as run:
+        verdicts = judge(drafts, pairs, loaded.a, baseline=loaded.baseline, noise_factor=settings.noise_factor,
+                         ignore=settings.ignore, run=run, sharded=loaded.sharded, trace_b=loaded.b)
+    set_steps(drafts, loaded.b)
+    again = reread_pairs(drafts, pairs, measured.measurements, settings.logits, sliced)
+    with _workers(_pair_bytes(again)) as run:  # only what the comparison could not annotate is read again
+        logits_verdicts = annotate_rows(drafts, pairs, loaded.a, loaded.b, logits=settings.logits, run=run,
+                                        measurements=measured.measurements, measured_apart=sliced,
+                                        spans=loaded.spans)
+    rows = freeze_rows(drafts)  # decided: from here on every row is a frozen TensorComparison
+    if loaded.sharded:  # whose shard first goes out of tolerance
+        from .sharded import name_ranks
+
+        name_ranks(rows, pairs, loaded.a, loaded.b, measured.merged.ranks if measured.merged is not None else None)
+    return Judged(tuple(rows), verdicts, logits_verdicts)
+
+
+def report(loaded: Loaded, paired: Paired, measured: Measured, judged: Judged, settings: Settings, *,
+           allow_incomplete: bool) -> Alignment:
+    """The ``Alignment``: the kept rows with the first divergence, where it likely comes from, and what
+    the rows cannot say (warnings, unmatched calls, argument differences)."""
+    trace_a, trace_b, plan, matching = loaded.a, loaded.b, paired.plan, paired.plan.matching
+    rows, verdicts = judged.rows, judged.verdicts
     kept = [rows[i] for i in verdicts.kept]
-    for note in (_weak_first_divergence(kept, unmatched_b), _undecided_first_divergence(kept, jobs, plan)):
-        if note:
-            warnings.append(note)
-    marked = mark_unrecorded_origin(kept, matching.gaps_a, matching.gaps_b)  # after the origins above
-    steps = summarize_steps(marked, trace_a, trace_b, selected=step, note=step_note, counts=step_counts)
+    marked = mark_unrecorded_origin(kept, matching.gaps_a, matching.gaps_b)  # after the origins
     first = next((row for row in marked if row.within_tolerance is False), None)
-    strip = None if first is None else position_strip(first, jobs[first.order], trace_a, trace_b, spans) \
-        if first.order not in sliced or merged is None else _strip_of(merged, first, jobs[first.order], spans)
     unpaired_b = [n for n in matching.unmatched_b if id(n) not in matching.idle]
-    source = likely_source(first, jobs, unpaired_b) if first is not None else None
     return Alignment(
         trace_a=str(trace_a.directory), trace_b=str(trace_b.directory),
         model_a=trace_a.model_name, model_b=trace_b.model_name,
         rows=tuple(marked),
         sources=carry_origin([rows[i] for i in verdicts.sources], marked),
         ignored=tuple(rows[i] for i in verdicts.ignored),
-        baseline=str(trace_n.directory) if trace_n is not None else None,
-        noise_factor=float(noise_factor) if trace_n is not None else None,
-        unmatched_a=tuple(unmatched_a), unmatched_b=tuple(unmatched_b),
+        baseline=str(loaded.baseline.directory) if loaded.baseline is not None else None,
+        noise_factor=settings.noise_factor if loaded.baseline is not None else None,
+        unmatched_a=paired.unmatched_a, unmatched_b=paired.unmatched_b,
         unrecorded_a=plan.unrecorded_a, unrecorded_b=plan.unrecorded_b,
-        argument_diffs=tuple(diff_arguments(matching.pairs) + op_pairing.argument_diffs),
+        argument_diffs=tuple(diff_arguments(matching.pairs) + paired.ops.argument_diffs),
         structural=matching.structural,
         suggested_rename=tuple(plan.suggested),
-        suggested_slots=tuple(plan.suggested_slots),
-        warnings=tuple(warnings) + verdicts.warnings,
+        suggested_slots=plan.suggested_slots,
+        warnings=verdicts.first_warnings + _warnings(loaded, paired, measured.pairs, settings, kept)
+        + verdicts.warnings,
         matched_nodes=plan.matched_nodes,
         incomplete_a=trace_a.incomplete_reason, incomplete_b=trace_b.incomplete_reason,
-        allow_incomplete=bool(allow_incomplete),
+        allow_incomplete=allow_incomplete,
         importer_a=trace_a.importer, importer_b=trace_b.importer,
-        steps=steps, logits=logits_verdicts, tokens=compare_tokens(trace_a, trace_b), position_strip=strip,
+        steps=summarize_steps(marked, trace_a, trace_b, selected=settings.step, note=loaded.step_note,
+                              counts=loaded.step_counts),
+        logits=judged.logits, tokens=compare_tokens(trace_a, trace_b),
+        position_strip=_position_strip(loaded, measured, first),
         payloads_expected=_holds_payloads(trace_a) and _holds_payloads(trace_b),
-        shard_findings=findings(trace_a, trace_b) if sharded else (),
+        shard_findings=_shard_findings(loaded),
         unplaced=find_unplaced(matching, b_prunes_outputs=trace_b.producer == "transformers"),
-        likely_source=source,
+        likely_source=likely_source(first, measured.pairs, unpaired_b) if first is not None else None,
     )
+
+
+def _warnings(loaded: Loaded, paired: Paired, pairs: Sequence[Pair], settings: Settings,
+              kept: Sequence[TensorComparison]) -> tuple[str, ...]:
+    """What the report warns of, besides the verdicts' warnings: steps left out, weak or structural pairing,
+    tolerance patterns matching nothing, a first divergence the traces cannot decide."""
+    matching = paired.plan.matching
+    structural = ["module paths did not line up; nodes were matched by structure (values, sizes and call "
+                  "order). Check the suggested rename map."] if matching.structural and settings.match != "structure" \
+        else []
+    unused = settings.policy.unused_pattern_warnings(n.relative_path for nodes in (matching.nodes_b, matching.nodes_a)
+                                                     for n in nodes)
+    first = (weak_first_divergence(kept, paired.unmatched_b), undecided_first_divergence(kept, pairs, paired.plan))
+    return ((loaded.placed,) if loaded.placed else ()) + ((loaded.step_note,) if loaded.step_note else ()) \
+        + paired.plan.warnings + tuple(structural) \
+        + tuple(unused) + tuple(note for note in first if note)
+
+
+def _position_strip(loaded: Loaded, measured: Measured, first: TensorComparison | None) -> PositionStrip | None:
+    """The per-position errors of the first divergence: read from both payloads, or from the ratios the ranks
+    sent for a row sliced over them."""
+    if first is None:
+        return None
+    pair = measured.pairs[first.order]
+    if first.order not in measured.sliced or measured.merged is None:
+        return position_strip(first, pair, loaded.a, loaded.b, loaded.spans)
+    from .distributed import strip_of
+
+    return strip_of(measured.merged, first, pair, loaded.spans)
+
+
+def _shard_findings(loaded: Loaded) -> tuple[ShardFinding, ...]:
+    if not loaded.sharded:
+        return ()
+    from .sharded import findings
+
+    return findings(loaded.a, loaded.b)
 
 
 def _holds_payloads(trace: Trace) -> bool:
@@ -389,95 +448,15 @@ def _in_chunks(pool: ThreadPoolExecutor, fn: Callable[[Any], Any], items: list[A
     return [result for run in runs for result in run]
 
 
-def _with_origins(rows: list[RowDraft], jobs: list[Job]) -> None:
-    """Set input_err, amplification and origin of the drafts from the rows of what flowed into each call.
-
-    ``jobs[i]`` is the pair row ``i`` compared: its call in B is the call the row belongs to.
-    """
-    roles = [role(row.tensor) for row in rows]
-    # (call in B, pass) -> [largest error among its input rows (None: none measured), did one diverge]
-    inputs: dict[tuple[int, str], list[Any]] = {}
-    for row, (phase, side), job in zip(rows, roles, jobs):
-        if side == "in":
-            seen = inputs.setdefault((id(job[2]), phase), [None, False])
-            err = row.max_abs_err
-            if err == err and (seen[0] is None or err > seen[0]):  # NaN (not measured) is left out
-                seen[0] = err
-            if row.within_tolerance is False:
-                seen[1] = True
-    earlier_divergence = False
-    for row, (phase, side), job in zip(rows, roles, jobs):
-        found = inputs.get((id(job[2]), phase))
-        input_err = found[0] if found is not None else None
-        amplification = None
-        error = row.max_abs_err
-        if side == "out" and input_err is not None and error == error:
-            if input_err > 0:
-                amplification = error / input_err
-            elif error > 0:
-                amplification = math.inf
-        origin = None
-        if row.within_tolerance is False:  # row.diverged
-            if side == "out" and (found is not None or row.op is None):
-                origin = "inherited" if found is not None and found[1] else "introduced"
-            elif side == "out":  # an op paired by value: its inputs were not compared, earlier rows tell
-                origin = "inherited" if earlier_divergence else "introduced"
-            elif "." not in row.module_path_b and phase == "forward" and row.op is None:
-                origin = "model inputs"
-            else:  # nothing recorded before it diverged: the caller's own code between module calls did it
-                origin = "inherited" if earlier_divergence else "between modules"
-            earlier_divergence = True
-        if input_err is not None:
-            row.input_err = input_err
-            row.amplification = amplification
-        if origin is not None:
-            row.origin = origin
-
-
-def _weak_first_divergence(rows: Iterable[TensorComparison], unmatched_b: list[Unmatched]) -> str | None:
-    """A warning when the first divergence rests on sizes alone, naming B's unpaired calls it could be instead."""
-    first = next((row for row in rows if row.within_tolerance is False), None)
-    if first is None or first.pairing != "shape":
-        return None
-    calls = [u.module_path for u in unmatched_b if u.tensor is None][:3]
-    others = f"; unpaired calls of B: {', '.join(calls)}" if calls else ""
-    return (f"the first divergence pairs {first.module_path_a} with {first.module_path_b} on sizes alone (no value, "
-            f"name or map says they are the same computation): check that pair{others}")
-
-
-def _undecided_first_divergence(rows: Iterable[TensorComparison], jobs: list[Job], plan: Plan) -> str | None:
-    """When the first divergence arose between recorded calls, the unpaired calls that ran before it: one of
-    them may hold the mistake, and two traces cannot tell (a rotary table one side computes in a call of
-    its own, the other inside its attention)."""
-    first = next((row for row in rows if row.within_tolerance is False), None)
-    if first is None or first.origin != "between modules" or first.order >= len(jobs):
-        return None
-    node_a, _, node_b, _ = jobs[first.order]
-    relaid = {id(n) for pair in plan.layout_nodes for n in pair}  # fused calls: paired by layout
-    matching = plan.matching
-    candidates = [n for n in matching.unmatched_b if n.enter_order < node_b.enter_order and not n.children
-                  and id(n) not in relaid and id(n) not in matching.idle]
-    candidates += [n for n in matching.unmatched_a if n.enter_order < node_a.enter_order and not n.children
-                   and id(n) not in relaid and id(n) not in matching.idle]
-    if not candidates:
-        return None
-    named = ", ".join(n.module_path for n in candidates[:6]) + (", ..." if len(candidates) > 6 else "")
-    return (f"the first divergence arose between recorded calls ({first.module_path_b} {first.tensor}); calls "
-            f"that ran before it have no partner and may hold the mistake, which two traces cannot decide: "
-            f"{named}")
-
-
 def _no_tick(_record: Any) -> None:
     pass
 
 
-def _progress(enabled: bool, jobs: list[tuple[Node, TensorRecord, Node, TensorRecord]]) -> Callable[[Any], None]:
-    if not enabled or not sys.stderr.isatty() or len(jobs) < 50:
-        return lambda _record: None
-    from tqdm import tqdm
-
-    total = sum(_record_bytes(job[1]) + _record_bytes(job[3]) for job in jobs)
-    bar = tqdm(total=total, unit="B", unit_scale=True, desc="align", file=sys.stderr, leave=False)
+def _progress(enabled: bool, pairs: Sequence[Pair]) -> Callable[[Any], None]:
+    if not enabled or not sys.stderr.isatty() or len(pairs) < 50:
+        return _no_tick
+    total = sum(_record_bytes(pair.record_a) + _record_bytes(pair.record_b) for pair in pairs)
+    bar = progress_bar(True, desc="align", unit="B", unit_scale=True, total=total)
 
     def tick(record: TensorRecord | None) -> None:
         if record is None:
@@ -488,9 +467,10 @@ def _progress(enabled: bool, jobs: list[tuple[Node, TensorRecord, Node, TensorRe
     return tick
 
 
-def _pair_bytes(jobs: Iterable[Job]) -> int:
-    """The payload bytes of the pairs of ``jobs`` that have payloads on both sides."""
-    return sum(_record_bytes(ra) + _record_bytes(rb) for _, ra, _, rb in jobs if ra.has_payload and rb.has_payload)
+def _pair_bytes(pairs: Iterable[Pair]) -> int:
+    """The payload bytes of the ``pairs`` that have payloads on both sides."""
+    return sum(_record_bytes(p.record_a) + _record_bytes(p.record_b) for p in pairs
+               if p.record_a.has_payload and p.record_b.has_payload)
 
 
 def _record_bytes(record: TensorRecord) -> int:

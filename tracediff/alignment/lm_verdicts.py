@@ -45,7 +45,8 @@ from ..trace.model import Node, TensorRecord
 from ..trace.payload import as_floats, is_complex
 from .decode_steps import root_of_calls, sequence_starts
 from .lm_results import FlipVerdict, LogitsVerdict, PositionStrip
-from .result import Job, TensorComparison
+from .pair import Pair
+from .result import TensorComparison
 from .rows import RowDraft
 from .verdicts.apply import Runner
 
@@ -78,19 +79,19 @@ class TokenSpans:
         """The sequence dimension of ``node``'s tensor of ``slot`` and ``shape``, and the position of its index 0."""
         return _sequence_axis(slot, shape, *self.of_call(node))
 
-    def of_pair(self, job: Job) -> tuple[int, int] | None:
-        """The sequence dimension of ``job``'s tensor (B's side) and the position of its index 0."""
-        _, _, nb, rb = job
-        return self.axis(nb, rb.slot, rb.shape or ())
+    def of_pair(self, pair: Pair) -> tuple[int, int] | None:
+        """The sequence dimension of ``pair``'s tensor (B's side) and the position of its index 0."""
+        return self.axis(pair.node_b, pair.record_b.slot, pair.record_b.shape or ())
 
 
-def position_strip(row: TensorComparison, job: Job, a: Trace, b: Trace, spans: TokenSpans) -> PositionStrip | None:
+def position_strip(row: TensorComparison, pair: Pair, a: Trace, b: Trace, spans: TokenSpans
+                   ) -> PositionStrip | None:
     """The per-position errors of ``row`` (read from both payloads), or None when it has no sequence dimension;
     ``spans``: ``TokenSpans.of(b)``."""
-    _, ra, _, rb = job
+    ra, rb = pair.record_a, pair.record_b
     if not (ra.has_payload and rb.has_payload) or ra.shape != rb.shape or row.approximate or row.op is not None:
         return None
-    axis = spans.of_pair(job)
+    axis = spans.of_pair(pair)
     values = _read_pair(a, ra, b, rb) if axis is not None else None
     if values is None or axis is None:
         return None
@@ -152,28 +153,28 @@ def _from_pass(row: RowDraft, measurement: Measurement | None, logits_row: bool)
             and (row.within_tolerance is not False or measurement.positions is not None))
 
 
-def reread_jobs(rows: Sequence[RowDraft], jobs: Sequence[Job], measurements: Sequence[Measurement | None],
-                logits: tuple[str, ...], measured_apart: Container[int] = ()) -> list[Job]:
+def reread_pairs(rows: Sequence[RowDraft], pairs: Sequence[Pair], measurements: Sequence[Measurement | None],
+                 logits: tuple[str, ...], measured_apart: Container[int] = ()) -> list[Pair]:
     """The pairs ``annotate_rows`` reads again: logits rows, and rows whose comparison could not annotate them
     (never a row ``measured_apart``, by order: its pair is not read whole)."""
     again = []
     for row in rows:
-        if row.order >= len(jobs) or row.op is not None or row.order in measured_apart:
+        if row.order >= len(pairs) or row.op is not None or row.order in measured_apart:
             continue
-        job = jobs[row.order]
-        logits_row = is_logits_row(row, job[2].relative_path, logits)
+        pair = pairs[row.order]
+        logits_row = is_logits_row(row, pair.node_b.relative_path, logits)
         if (row.status != "identical" or logits_row) and not _from_pass(row, measurements[row.order], logits_row):
-            again.append(job)
+            again.append(pair)
     return again
 
 
-def annotate_rows(rows: Sequence[RowDraft], jobs: Sequence[Job], a: Trace, b: Trace, *,
+def annotate_rows(rows: Sequence[RowDraft], pairs: Sequence[Pair], a: Trace, b: Trace, *,
                   logits: tuple[str, ...] = (), run: Runner | None = None,
                   measurements: Sequence[Measurement | None] = (),
                   measured_apart: Mapping[int, tuple[float, np.ndarray | None]] | None = None,
                   spans: TokenSpans) -> tuple[LogitsVerdict, ...]:
     """Fill ``pcc``, ``position``, ``positions_beyond`` and the logits columns of ``rows`` (still being built);
-    returns the logits verdicts. ``jobs[row.order]`` is the pair a row compared. ``run(fn, items)`` maps
+    returns the logits verdicts. ``pairs[row.order]`` is the pair a row compared. ``run(fn, items)`` maps
     ``fn`` over the rows (the alignment's worker threads: each row is read and annotated on its own).
 
     ``measurements[row.order]``, when given, is what comparing the pair found: its ``pcc`` and
@@ -188,9 +189,10 @@ def annotate_rows(rows: Sequence[RowDraft], jobs: Sequence[Job], a: Trace, b: Tr
     """
 
     def annotate(row: RowDraft) -> LogitsVerdict | None:
-        if row.order >= len(jobs) or row.op is not None:
+        if row.order >= len(pairs) or row.op is not None:
             return None
-        na, ra, nb, rb = jobs[row.order]
+        pair = pairs[row.order]
+        ra, nb, rb = pair.record_a, pair.node_b, pair.record_b
         logits_row = is_logits_row(row, nb.relative_path, logits)
         if row.status == "identical":
             _set(row, pcc=1.0, positions_beyond=0)

@@ -25,35 +25,36 @@ ops (a trace captured without ops, or with another ``ops_in``) are unmatched:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
 from ..compare.records import compare_records
 from ..compare.tolerance import TolerancePolicy
 from ..trace.load import Trace
 from ..trace.model import Node, TensorRecord
+from .pair import Evidence, MatchedBy, Pair
 from .pairing.dataflow import VALUE_COMPARISONS, Links, OpPair, pair_ops_of_call
 from .pairing.evidence import Values
-from .result import ArgumentDiff, Job, Unmatched
+from .pairing.make import pair_of
+from .result import ArgumentDiff, Unmatched
 from .rows import RowDraft
 from .verdicts.arguments import diff_arguments
 
 __all__ = ["VALUE_COMPARISONS", "OpPairing", "annotate_op_rows", "op_label", "pair_ops"]
 
 #: ``matched_by`` of an op row, by how its ops paired (alignment.pairing.dataflow)
-_MATCHED_BY = {"dataflow": "dataflow", "value": "value", "sequence": "name", "feeding": "dataflow"}
+_MATCHED_BY = {"dataflow": MatchedBy.DATAFLOW, "value": MatchedBy.VALUE, "sequence": MatchedBy.NAME,
+               "feeding": MatchedBy.DATAFLOW}
 
 
 @dataclass
 class OpPairing:
     """What op alignment adds to an alignment: tensor pairs to compare, and what did not pair."""
 
-    jobs: list[Job] = field(default_factory=list)
+    pairs: list[Pair] = field(default_factory=list)
     unmatched_a: list[Unmatched] = field(default_factory=list)
     unmatched_b: list[Unmatched] = field(default_factory=list)
     argument_diffs: list[ArgumentDiff] = field(default_factory=list)
-    # (id of A's record, id of B's record) -> matched_by
-    how: dict[tuple[int, int], str] = field(default_factory=dict)
 
 
 def op_label(op: Node, slot: str | None = None) -> str:
@@ -62,7 +63,7 @@ def op_label(op: Node, slot: str | None = None) -> str:
 
 
 def pair_ops(trace_a: Trace, trace_b: Trace, pairs: Iterable[tuple[Node, Node]], policy: TolerancePolicy,
-             *, values: Values | None = None, tensor_pairs: Iterable[Job] = ()) -> OpPairing:
+             *, values: Values | None = None, tensor_pairs: Iterable[Pair] = ()) -> OpPairing:
     """Pair the op nodes of every matched module-call pair (see the module docstring).
 
     ``tensor_pairs`` are the module tensors already paired: what flows from them into ops is the same
@@ -71,8 +72,8 @@ def pair_ops(trace_a: Trace, trace_b: Trace, pairs: Iterable[tuple[Node, Node]],
     out = OpPairing()
     values = values if values is not None else Values(trace_a, trace_b)
     links = Links()
-    for _, ra, _, rb in tensor_pairs:
-        links.add(ra, rb)
+    for pair in tensor_pairs:
+        links.add(pair.record_a, pair.record_b)
 
     for node_a, node_b in pairs:
         if node_a.ops or node_b.ops:
@@ -94,9 +95,9 @@ def _pair_call(node_a: Node, node_b: Node, found: list[OpPair], out: OpPairing) 
         used_b.add(id(op_b))
         if pair.how != "feeding":
             used_a.add(id(op_a))
-        for ra, rb in pair.tensors:
-            out.jobs.append((op_a, ra, op_b, rb))
-            out.how[(id(ra), id(rb))] = _MATCHED_BY[pair.how]
+        by = _MATCHED_BY[pair.how]
+        evidence = Evidence.VALUE if by is MatchedBy.VALUE else Evidence.NAME
+        out.pairs += [pair_of(op_a, ra, op_b, rb, by=by, evidence=evidence) for ra, rb in pair.tensors]
         if pair.how in ("dataflow", "sequence"):
             compared_a = {id(ra) for ra, _ in pair.tensors}
             compared_b = {id(rb) for _, rb in pair.tensors}
@@ -113,18 +114,14 @@ def _pair_call(node_a: Node, node_b: Node, found: list[OpPair], out: OpPairing) 
                         if id(op) not in used_b]
 
 
-def annotate_op_rows(rows: list[RowDraft], jobs: list[Job], pairing: OpPairing) -> None:
-    """Set ``op``/``op_index`` (B's), ``tensor_a`` (A's op, its index and slot) and ``matched_by`` of the
-    drafts of op pairs. ``rows[i]`` must be the draft of ``jobs[i]``."""
-    for row, (op_a, ra, op_b, rb) in zip(rows, jobs):
+def annotate_op_rows(rows: Sequence[RowDraft], pairs: Sequence[Pair]) -> None:
+    """Set ``op``/``op_index`` (B's) and ``tensor_a`` (A's op, its index and slot) of the drafts of op pairs.
+    ``rows[i]`` must be the draft of ``pairs[i]``."""
+    for row, pair in zip(rows, pairs):
+        op_a, op_b = pair.node_a, pair.node_b
         if op_b.op is None:
             continue
-        matched_by = pairing.how.get((id(ra), id(rb)))
-        if matched_by is not None:
-            row.matched_by = matched_by
-            if matched_by == "value":
-                row.pairing = "value"
         if op_a.op is not None:
-            row.tensor_a = f"{op_a.op} #{op_a.op_index} {ra.slot}"
+            row.tensor_a = f"{op_a.op} #{op_a.op_index} {pair.record_a.slot}"
         row.op = op_b.op
         row.op_index = op_b.op_index

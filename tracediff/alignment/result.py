@@ -78,14 +78,9 @@ if TYPE_CHECKING:
 
 from ..display import renderer_for, short_repr, summary_html
 from ..trace.frozen import frozen_builder, replaced
-from ..trace.model import Node, TensorRecord
 
 FORMAT_VERSION = 1
 R = TypeVar("R", bound="TensorComparison")
-
-#: One tensor pair to compare: A's call and record, then B's (the plan's jobs, in B's call order).
-Job = tuple[Node, TensorRecord, Node, TensorRecord]
-
 
 @dataclass(frozen=True, slots=True)  # no per-row __dict__: an alignment holds one row per compared tensor
 class TensorComparison:

@@ -24,6 +24,7 @@ from collections.abc import Iterable
 
 from ..compare.measurement import Measurement
 from ..trace.frozen import draft_builder, freeze
+from .pair import Evidence, MatchedBy, Pair
 from .result import TensorComparison
 
 
@@ -66,15 +67,25 @@ class RowDraft(TensorComparison):
 _build_draft = draft_builder(RowDraft)
 
 
-def draft_row(order: int, module_path_a: str, module_path_b: str, call_index: int, call_index_b: int,
-              tensor: str, tensor_a: str, shape_a: tuple[int, ...] | None, shape_b: tuple[int, ...] | None,
-              dtype_a: str | None, dtype_b: str | None, atol: float, rtol: float, module_type: str | None,
-              m: Measurement) -> RowDraft:
-    """The draft of a row: who was compared and what comparing them found (status, reason, every metric).
+def draft_row(order: int, pair: Pair, atol: float, rtol: float, m: Measurement) -> RowDraft:
+    """The draft of row ``order``: who was compared (``pair``, how it was found and under which tolerance) and
+    what comparing them found (``m``: status, reason, every metric)."""
+    na, ra, nb, rb = pair.node_a, pair.record_a, pair.node_b, pair.record_b
+    row = _draft_fields(order, na.module_path, nb.module_path, na.call_index, nb.call_index, rb.slot, ra.slot,
+                        ra.shape, rb.shape, ra.dtype, rb.dtype, atol, rtol, nb.module_type or na.module_type, m)
+    if pair.matched_by is not MatchedBy.NAME or pair.transform is not None or pair.evidence is not Evidence.NAME:
+        row.matched_by = pair.matched_by.value
+        row.transform = pair.transform_text
+        row.pairing = pair.rests_on.value
+    return row
 
-    Arguments go to the builder by position, in the order of the class's fields: binding 27 keywords cost
-    more than building the row itself.
-    """
+
+def _draft_fields(order: int, module_path_a: str, module_path_b: str, call_index: int, call_index_b: int,
+                  tensor: str, tensor_a: str, shape_a: tuple[int, ...] | None, shape_b: tuple[int, ...] | None,
+                  dtype_a: str | None, dtype_b: str | None, atol: float, rtol: float, module_type: str | None,
+                  m: Measurement) -> RowDraft:
+    """A draft from its fields, passed to the builder by position, in the order of the class's fields: binding
+    27 keywords cost more than building the row itself."""
     return _build_draft(order, module_path_a, module_path_b, call_index, call_index_b, tensor, tensor_a, shape_a,
                         shape_b, dtype_a, dtype_b, m.max_abs_err, m.max_rel_err, m.mean_abs_err, m.rms_err,
                         m.cosine, m.mismatch_fraction, m.nan_mismatch, m.inf_mismatch, atol, rtol, m.required_atol,

@@ -4,7 +4,7 @@ the shards said on their own."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
 from ..compare.metrics import compare_tensors
@@ -13,7 +13,8 @@ from ..errors import TracediffError
 from ..sharding import ShardedTrace, ShardFinding
 from ..trace.load import Trace
 from ..trace.payload import Payload
-from .result import Job, TensorComparison, fill
+from .pair import Pair
+from .result import TensorComparison, fill
 
 
 def place_unrecorded(trace_a: Trace, trace_b: Trace) -> None:
@@ -34,7 +35,7 @@ def _close(rebuilt: Payload, reference: Payload) -> bool:
     return bool(compare_tensors(rebuilt, reference, atol=atol, rtol=rtol).within_tolerance)
 
 
-def name_ranks(rows: list[TensorComparison], jobs: list[Job], trace_a: Trace, trace_b: Trace,
+def name_ranks(rows: list[TensorComparison], pairs: Sequence[Pair], trace_a: Trace, trace_b: Trace,
                known: Mapping[int, int | None] | None = None) -> None:
     """Set ``rank`` on each row out of tolerance whose tensor is sharded in B (else in A): the rank, in mesh
     order, whose shard (or copy of a replica) first holds an element out of the row's tolerance. Rows change
@@ -43,15 +44,15 @@ def name_ranks(rows: list[TensorComparison], jobs: list[Job], trace_a: Trace, tr
     if not isinstance(trace_a, ShardedTrace) and not isinstance(trace_b, ShardedTrace):
         return
     for i, row in enumerate(rows):
-        if row.within_tolerance is False and row.order < len(jobs):
+        if row.within_tolerance is False and row.order < len(pairs):
             rank = known[row.order] if known is not None and row.order in known else \
-                _first_rank(jobs[row.order], trace_a, trace_b, row)
+                _first_rank(pairs[row.order], trace_a, trace_b, row)
             if rank is not None:
                 rows[i] = fill(row, rank=rank)
 
 
-def _first_rank(job: Job, trace_a: Trace, trace_b: Trace, row: TensorComparison) -> int | None:
-    ra, rb = job[1], job[3]
+def _first_rank(pair: Pair, trace_a: Trace, trace_b: Trace, row: TensorComparison) -> int | None:
+    ra, rb = pair.record_a, pair.record_b
     side_b = isinstance(trace_b, ShardedTrace) and trace_b.shard_views(rb)
     views = side_b or (trace_a.shard_views(ra) if isinstance(trace_a, ShardedTrace) else [])
     if not views:

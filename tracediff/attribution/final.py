@@ -5,7 +5,8 @@ the number is the mean over positions of ``KL(p_A || p_B)``, the softmax of A's
 logits against B's in nats, computed in float64, with the count of positions
 whose top-1 token differs beside it. For any other model it is the relative mean
 squared error over every floating output slot the two share:
-``sum((a - b)^2) / sum(a^2)``, also in float64.
+``sum((a - b)^2) / sum(a^2)``, also in float64, over the positions where both are finite
+(:func:`tracediff.compare.relative.relative_mse`).
 
 Both are quadratic in a small error: two independent sources of error add
 their shares, which is what makes "the share of the final error one call
@@ -14,13 +15,13 @@ causes" meaningful (an RMS would not add).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from ..compare.relative import SquareSums, square_sums
 from ..replaying.inputs import output_slots
 
 KL = "logits KL"
@@ -66,13 +67,7 @@ def final_error(recorded: Mapping[str, torch.Tensor], output: Any) -> FinalError
         slot, a, b = logits[0]
         kl, flips, positions = logits_kl(a, b)
         return FinalError(metric=KL, value=kl, tensors=(slot,), top1_flips=flips, positions=positions)
-    squares = scale = 0.0
-    for _, a, b in pairs:
-        a64, b64 = a.to("cpu", torch.float64), b.to("cpu", torch.float64)
-        finite = torch.isfinite(a64) & torch.isfinite(b64)
-        squares += float((a64 - b64)[finite].square().sum())
-        scale += float(a64[finite].square().sum())
-    value = squares / scale if scale > 0 else (0.0 if squares == 0 else math.inf)
+    value = sum((square_sums(a, b) for _, a, b in pairs), SquareSums()).relative_mse
     return FinalError(metric=RELATIVE_MSE, value=value, tensors=tuple(slot for slot, _, _ in pairs))
 
 

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..compare.relative import relative_of, relative_rms
 from ..replaying.inputs import Inputs, NotRebuildable, Target, output_slots, rebuild_inputs
 from ..replaying.shadow import seed_rng
 from ..trace.load import Trace
@@ -32,7 +33,7 @@ class LocalError:
 
     delta: dict[str, torch.Tensor] = field(default_factory=dict)
     output: Any = None                # B's output on A's inputs (its containers, to hand A's values back in)
-    rel_rms_err: float = math.nan     # rms(b - a) / rms(a), the worst slot
+    rel_rms_err: float = math.nan     # rms(b - a) / rms(a) (tracediff.compare.relative), the worst slot
     max_abs_err: float = math.nan
     x_noise: float = math.nan         # rms(b - a) / (eps(dB) / 2 * rms(a)), the worst slot
     reason: str = ""                  # why nothing was measured
@@ -72,11 +73,8 @@ def local_error(trace: Trace, node_a: Node, module: nn.Module, target: Target, s
             continue
         a64, b64 = a.to("cpu", torch.float64), b.detach().to("cpu", torch.float64)
         diff = torch.where(torch.isfinite(a64) & torch.isfinite(b64), b64 - a64, torch.zeros_like(a64))
-        rms_a = float(a64[torch.isfinite(a64)].square().mean().sqrt()) if a64.numel() else 0.0
-        rms_d = float(diff.square().mean().sqrt()) if diff.numel() else 0.0
-        rel = rms_d / rms_a if rms_a > 0 else (0.0 if rms_d == 0 else math.inf)
-        noise = _eps(b.dtype) / 2 * rms_a
-        x_noise = rms_d / noise if noise > 0 else (0.0 if rms_d == 0 else math.inf)
+        rel = relative_rms(a64, b64)
+        x_noise = relative_of(rel, _eps(b.dtype) / 2)  # rms(b - a) / (eps / 2 * rms(a))
         result.delta[slot] = diff.to(device=b.device, dtype=b.dtype)
         result.rel_rms_err = rel if math.isnan(result.rel_rms_err) else max(result.rel_rms_err, rel)
         result.x_noise = x_noise if math.isnan(result.x_noise) else max(result.x_noise, x_noise)

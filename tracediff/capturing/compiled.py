@@ -146,15 +146,16 @@ def _compiled_forward(module: Any) -> bool:
     return forward is not None and getattr(forward, "_torchdynamo_orig_callable", None) is not None
 
 
-def _is_torch_module(model: Any) -> bool:
-    module_type = getattr(sys.modules.get("torch.nn"), "Module", None)
-    return isinstance(module_type, type) and isinstance(model, module_type)
+def _walkable(model: Any) -> bool:
+    """True for a model whose modules can be walked (``modules()`` and ``named_modules()``, as a torch module's);
+    which runtime a model is, is its adapter's question (``capturing/adapters``), not this module's."""
+    return callable(getattr(model, "modules", None)) and callable(getattr(model, "named_modules", None))
 
 
 def has_compiled_region(model: Any) -> bool:
     """True when a module of ``model`` is compiled (``torch.compile(layer)``, ``layer.compile()``, a compiled
     ``forward``)."""
-    return _is_torch_module(model) and any(
+    return _walkable(model) and any(
         is_optimized_module(module) or module.__dict__.get(COMPILED_CALL) is not None or _compiled_forward(module)
         for module in model.modules())
 
@@ -186,14 +187,13 @@ def _compilations_since(start_us: int) -> list[dict[str, Any]]:
 class CompileWatch:
     """What a capture knows of compilation: the compiled regions and Dynamo's activity while it ran.
 
-    ``CompileWatch(model)`` is made before anything is patched; ``model`` is then the module to patch
-    (an ``OptimizedModule``'s own). ``metadata(root_name)`` is called once the capture has ended. Dynamo is
-    never imported here: a process that has not imported it has compiled nothing yet.
+    ``CompileWatch(model, mode)`` is made before anything is patched, with ``mode`` one of ``COMPILED_MODES``
+    (checked with the capture's other options: :mod:`.options`); ``model`` is then the module to patch (an
+    ``OptimizedModule``'s own). ``metadata(root_name)`` is called once the capture has ended. Dynamo is never
+    imported here: a process that has not imported it has compiled nothing yet.
     """
 
     def __init__(self, model: Any, mode: str = MODULES) -> None:
-        if mode not in COMPILED_MODES:
-            raise UsageError(f"compiled={mode!r}: expected one of {', '.join(COMPILED_MODES)}")
         self.mode = mode
         self.root_compiled = is_optimized_module(model)
         self.model = uncompiled(model)
@@ -207,7 +207,7 @@ class CompileWatch:
     def metadata(self, root_name: str) -> dict[str, Any] | None:
         """The metadata's ``compile`` object, or None when nothing was compiled and nothing compiled ran."""
         regions = compiled_regions(self.model, root_name, root_compiled=self.root_compiled) \
-            if _is_torch_module(self.model) else []
+            if _walkable(self.model) else []
         after = _dynamo_counters()
         during = None
         if after is not None:

@@ -14,11 +14,15 @@ feeds it every node it observes, with the node's dataflow::
   name. ``sources`` are the keys of what the node read. A key recorded earlier, in this step or an earlier
   one, is that node; a key recorded twice means its latest record; an unknown key is an input from outside the
   trace (a weight, the prompt), recorded as such, never an error.
+* ``scope`` is a name (llama.cpp's ``blk.0``) or, for a runtime whose scopes are the module paths a node was
+  exported from (ONNX name scopes, ExecuTorch's ``nn_module_stack``), their chain outermost first
+  (``["model", "model.layers.0", "model.layers.0.mlp"]``), kept as the node's ``scopes``; None: no scope.
 * The node is written as a call under the step's top-level call: ``module_path`` ``{Model}.{scope}.{name}``
-  (``{Model}.{name}`` without a scope), so that ``blk.0.attn_norm`` and ``blk.1.attn_norm`` are the same
-  layer's calls in two blocks, as module calls are; ``call_index`` counts the calls of one path across the
-  trace; ``module_type`` is ``op``. Its ``inputs`` hold the tensor entries of its sources (the same entries,
-  so the same payloads, as their producers' ``outputs``) and its ``sources`` the producers' identities.
+  (the innermost scope of a chain; ``{Model}.{name}`` without a scope), so that ``blk.0.attn_norm`` and
+  ``blk.1.attn_norm`` are the same layer's calls in two blocks, as module calls are; ``call_index`` counts
+  the calls of one path across the trace; ``module_type`` is ``op``. Its ``inputs`` hold the tensor entries
+  of its sources (the same entries, so the same payloads, as their producers' ``outputs``) and its
+  ``sources`` the producers' identities.
 * Each step is a top-level call of the model with ``step`` 0, 1, ...; its ``outputs`` are the outputs of
   the step's nodes that no later node of the step read (the graph's results).
 * ``output`` is a ``torch.Tensor`` or a ``numpy.ndarray`` in torch's dimension order, of its own dtype
@@ -37,7 +41,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from .. import format as fmt
 from ..errors import TracediffError
-from .compat import sanitize_repr
 
 if TYPE_CHECKING:
     import numpy as np
@@ -51,7 +54,7 @@ __all__ = ["GraphNodeSink", "GraphNodes"]
 class GraphNodeSink(Protocol):
     """What a graph runtime's adapter is handed by the capture: one node at a time, in evaluation order."""
 
-    def record_node(self, *, key: Hashable, name: str, op: str, scope: str | None,
+    def record_node(self, *, key: Hashable, name: str, op: str, scope: str | Sequence[str] | None,
                     output: torch.Tensor | np.ndarray, sources: Sequence[Hashable] = (),
                     attributes: Mapping[str, Any] | None = None) -> None: ...
 
@@ -138,7 +141,7 @@ class GraphNodes:
         if self._step is not None and self._implicit:
             self.end_step()
 
-    def record_node(self, *, key: Hashable, name: str, op: str, scope: str | None,
+    def record_node(self, *, key: Hashable, name: str, op: str, scope: str | Sequence[str] | None,
                     output: torch.Tensor | np.ndarray, sources: Sequence[Hashable] = (),
                     attributes: Mapping[str, Any] | None = None) -> None:
         """Record one node's output and what it read (see the module docstring); never raises."""
@@ -152,7 +155,9 @@ class GraphNodes:
             step = self._step
             if step is None:  # begin_step failed and said why
                 return
-            path = f"{tree.model_name}.{scope}.{name}" if scope else f"{tree.model_name}.{name}"
+            chain = [scope] if isinstance(scope, str) else [str(s) for s in scope or () if s]
+            inner = chain[-1] if chain else None
+            path = f"{tree.model_name}.{inner}.{name}" if inner else f"{tree.model_name}.{name}"
             call_index = tree.counts[path]
             tree.counts[path] += 1
             prefix = fmt.call_prefix(path, call_index)
@@ -166,6 +171,8 @@ class GraphNodes:
                                  for source, known in zip(sources, read)]
             if attributes:
                 node[fmt.ATTRIBUTES] = _json_attributes(attributes)
+            if not isinstance(scope, str) and chain:
+                node[fmt.NODE_SCOPES] = chain
             for known in read:
                 if known is not None:
                     self._unread.pop(id(known[2]), None)
@@ -188,22 +195,21 @@ def host_tensor(value: Any) -> Any:
 
     if not isinstance(value, np.ndarray):
         return value
-    import torch
+    from ..files.host import host_tensor as as_tensor
 
-    array = np.ascontiguousarray(value)
-    if array.dtype.name == "bfloat16":
-        return torch.from_numpy(array.view(np.int16).copy()).view(torch.bfloat16)
-    if not array.flags.writeable:  # torch.from_numpy warns about read-only memory: a copy it may own
-        array = array.copy()
-    return torch.from_numpy(array)
+    return as_tensor(value, copy=value.dtype.name == "bfloat16")
 
 
 def _key_text(key: Hashable) -> str:
     """An unknown source key as the text an ``external`` source keeps (bounded, printable)."""
+    from .compat import sanitize_repr
+
     return sanitize_repr(key if isinstance(key, str) else repr(key))[:200]
 
 
 def _json_attributes(attributes: Mapping[str, Any]) -> dict[str, Any]:
     """The node's attributes as JSON: a value JSON cannot hold is kept as its ``repr``."""
+    from .compat import sanitize_repr
+
     return {str(k): fmt.as_json(v) if fmt.is_json_safe(v) else sanitize_repr(repr(v))[:200]
             for k, v in attributes.items()}

@@ -1,7 +1,8 @@
 """Capturing a model that is a file (``tracediff capture model.gguf --inputs inputs.safetensors --out DIR``).
 
-The adapter whose models are files like the path (:func:`tracediff.capturing.adapters.adapter_for_path`)
-loads it with the runtime options given (llama.cpp: ``kv_cache_type``, ``flash_attn``, ``threads``) and runs
+The adapter whose models are files like the path (:func:`tracediff.capturing.adapters.adapter_for_path`), or
+whose runtime the model object is, loads it with the runtime options given (the ``options`` the adapter
+declares; llama.cpp: ``kv_cache_type``, ``flash_attn``, ``threads``) and runs
 it on the tensors of the inputs file, the file the reference side wrote with ``--save-inputs``; the run is
 captured as any model's (:func:`tracediff.capture`). The options are recorded in the trace metadata.
 """
@@ -15,8 +16,10 @@ from typing import Any, Literal
 from ..errors import InputsFileError, UsageError
 from ..files.confine import check_regular_file
 from ..files.payloads import read_tensor_file
-from .adapters import adapter_for_path
-from .session import CaptureSession, capture
+from .adapters import adapter_for, adapter_for_path
+from .adapters.base import check_runtime_options
+from .options import CaptureOptions
+from .session import CaptureSession, _capture
 
 
 def is_model_file(spec: str) -> bool:
@@ -39,39 +42,47 @@ def read_inputs(path: str | Path) -> dict[str, Any]:
 
 
 def capture_file(
-    model_file: str | Path,
+    model: str | Path | Any,
     out_dir: str | Path,
     *,
-    inputs: str | Path,
+    inputs: str | Path | Mapping[str, Any],
     options: Mapping[str, Any] | None = None,
     tensors: Literal["full", "summary", "repr"] = "full",
     overwrite: bool = False,
 ) -> CaptureSession:
-    """Load ``model_file`` with its runtime's adapter, run it on ``inputs`` and capture the run into ``out_dir``.
+    """Load ``model`` with its runtime's adapter, run it on ``inputs`` and capture the run into ``out_dir``.
 
     Args:
-        model_file: a file a registered adapter opens (``model.gguf``: llama.cpp).
+        model: a file a registered adapter opens (``model.gguf``: llama.cpp), or a model object of such a
+            runtime (a ``llama_cpp.Llama``; the objects each runtime takes are in docs/frameworks.md).
         out_dir: the trace folder (empty or absent unless ``overwrite``).
-        inputs: a safetensors file; llama.cpp takes the token ids of ``kwargs.input_ids`` (or of the file's
-            only integer tensor).
-        options: the runtime's load options (llama.cpp: ``kv_cache_type`` f32|f16|bf16|q8_0, default f16;
-            ``flash_attn`` auto|on|off, default auto; ``threads``).
+        inputs: a safetensors file, or its tensors by key (``kwargs.input_ids``, ``NAME``, ``args.0``); llama.cpp
+            takes the token ids of ``kwargs.input_ids`` (or of the only integer tensor).
+        options: the runtime's load options, the ones its adapter declares (``tracediff capture --help`` lists
+            them; llama.cpp: ``kv_cache_type`` f32|f16|bf16|q8_0, default f16; ``flash_attn`` auto|on|off,
+            default auto; ``threads``). An option it does not declare, or a value outside its choices, is refused.
         tensors: ``"full"``, ``"summary"`` or ``"repr"``, as for :func:`tracediff.capture`.
 
     Raises:
-        UsageError: no adapter opens the file (or it is no regular file), the file does not load, the inputs
-            lack what the model needs or hold what it cannot run (llama.cpp: token ids outside its vocabulary,
-            negative or beyond 32 bits, more of them than its context holds).
+        UsageError: no adapter opens the file (or it is no regular file), the file does not load, an option is
+            not the runtime's, the inputs lack what the model needs or hold what it cannot run (llama.cpp: token
+            ids outside its vocabulary, negative or beyond 32 bits, more of them than its context holds).
         InputsFileError: the inputs file is missing or unreadable.
     """
-    path = Path(model_file)
-    adapter = adapter_for_path(path)
-    if adapter is None:
-        raise UsageError(f"{path}: no runtime opens this kind of file")
-    tensors_in = read_inputs(inputs)
-    adapter.check_inputs(tensors_in, str(inputs))  # refused before anything is loaded or written
-    model = adapter.load(path, dict(options or {}))
-    adapter.check_run(model, tensors_in, str(inputs))  # what the loaded model cannot run, before anything is written
-    with capture(model, out_dir, tensors=tensors, overwrite=overwrite) as session:
-        adapter.run_inputs(model, tensors_in)
+    if isinstance(model, (str, Path)):
+        source: Any = Path(model)
+        adapter = adapter_for_path(source)
+        if adapter is None:
+            raise UsageError(f"{source}: no runtime opens this kind of file")
+    else:
+        source = model
+        adapter = adapter_for(model)
+    settings = check_runtime_options(adapter, options or {})
+    where = str(inputs) if isinstance(inputs, (str, Path)) else "inputs"
+    tensors_in = read_inputs(inputs) if isinstance(inputs, (str, Path)) else dict(inputs)
+    adapter.check_inputs(tensors_in, where)  # refused before anything is loaded or written
+    loaded = adapter.load(source, settings)
+    adapter.check_run(loaded, tensors_in, where)  # what the loaded model cannot run, before anything is written
+    with _capture(loaded, out_dir, CaptureOptions(tensors=tensors, overwrite=overwrite), adapter) as session:
+        adapter.run_inputs(loaded, tensors_in)
     return session

@@ -54,29 +54,30 @@ from torch import nn
 from .. import format as fmt
 from .._version import __version__
 from ..display import short_repr, summary_html
-from ..errors import TracediffError, UsageError
+from ..errors import TracediffError
 from ..files.atomic import ensure_writable_dir, write_json
+from ..files.progress import progress_bar
 from ._tree import prune_intermediate_layers
-from .adapters import Adapter, adapter_for, check_options
+from .adapters import Adapter, Installed, adapter_for
 from .adapters.base import ADAPTER_METADATA
 from .backward import BackwardRecorder
 from .compat import sanitize_repr
 from .compiled import CompileWatch, uncompiled
-from .decode_steps import StepTracker, check_other_steps, parse_steps
+from .decode_steps import StepTracker
 from .distributed import current_rank, run_start, versioned_collectives, world_size
 from .encode import Encoder, TensorMode
 from .graph import GraphNodes
-from .journal import Journal, claim_folder, held_claim
+from .journal import FolderClaim, Journal, claim_folder, held_claim
 from .kv_cache import with_cache_layer
 from .observer import CallObserver
-from .ops import op_capture, select_ops
+from .ops import OpRecorder, OpSelection, op_capture, select_ops
+from .options import CaptureOptions
 from .parallel_layouts import mark, model_mesh, style_layouts
-from .pipeline import DEFAULT_POOL_MB, check_pipeline_options, close_pipeline, payload_pipeline
+from .pipeline import DEFAULT_POOL_MB, close_pipeline, payload_pipeline
 from .signals import termination_as_interrupt
-from .tokens import check_forcing_model, forcing_option, read_reference_tokens
+from .tokens import ReferenceTokens, check_forcing_model, forcing_option, read_reference_tokens
 from .verify import Verification, compare_outputs
 
-_TENSOR_MODES = ("full", "summary", "repr")
 RETURN_NOT_RECORDED_WHY = "its return was not recorded before its caller's: its outputs are missing"
 
 
@@ -147,7 +148,7 @@ class _NativeRecorder:
     def end_step(self) -> None:
         self.graph.end_step()
 
-    def record_node(self, *, key: Hashable, name: str, op: str, scope: str | None, output: Any,
+    def record_node(self, *, key: Hashable, name: str, op: str, scope: str | Sequence[str] | None, output: Any,
                     sources: Sequence[Hashable] = (), attributes: Mapping[str, Any] | None = None) -> None:
         self.graph.record_node(key=key, name=name, op=op, scope=scope, output=output, sources=sources,
                                attributes=attributes)
@@ -268,8 +269,7 @@ class _NativeRecorder:
             self.stack.pop()
         if not node[fmt.CHILDREN]:
             del node[fmt.CHILDREN]
-        if self.progress is not None:
-            self.progress.update(1)
+        self.progress.update(1)
         if self.stack:
             self.stack[-1][fmt.CHILDREN].append(node)
             return False
@@ -407,109 +407,199 @@ def capture(
             or another vocabulary (before anything is written), or another
             prompt (when ``generate`` is called).
     """
-    if tensors not in _TENSOR_MODES:
-        raise UsageError(f"tensors={tensors!r}: expected one of {', '.join(_TENSOR_MODES)}")
-    adapter = adapter_for(uncompiled(model))  # the one place the model's runtime is decided
-    check_options(adapter, {"verify": verify, "backward": backward, "ops": ops, "ops_exclude": ops_exclude,
-                            "ops_in": ops_in, "full_dtensor": full_dtensor, "steps": steps,
-                            "teacher_forcing": teacher_forcing, "compiled": compiled})
-    compiled_watch = CompileWatch(model, compiled)  # torch.compile(model): the model it wraps, its own paths
-    caller, model = model, compiled_watch.model
-    check_pipeline_options(writers, pool_mb)
-    selected_steps = parse_steps(steps)
-    check_other_steps(other_steps)
-    forcing = read_reference_tokens(teacher_forcing) if teacher_forcing is not None else None
-    if forcing is not None:
-        check_forcing_model(forcing, model)
-    op_selection = select_ops(model, ops, exclude=ops_exclude, inside=ops_in, min_numel=ops_min_numel)
-    rank, world = current_rank(), world_size()
-    recording = ranks == "all" or ranks == rank
-    out = Path(out_dir)
-    folder = out / f"rank{rank}" if ranks == "all" and world > 1 else out
-    claim = None
-    if recording:
-        # Lock first, then check and clear: a second capture into the folder is refused, never overwritten.
-        claim = held_claim(folder) or claim_folder(folder, overwrite=overwrite)
-        claim.in_use = True
-        try:
-            claim.clear_earlier_trace()
-            ensure_writable_dir(folder)
-        except BaseException:
-            claim.release()
-            raise
-    session = CaptureSession(trace_dir=folder, recording=recording)
-    if not recording:
-        yield from _pass_through(model, adapter, session, gather=full_dtensor and world > 1, verify=verify)
-        return
+    options = CaptureOptions(
+        tensors=tensors, prune_layers=prune_layers, overwrite=overwrite, verify=verify, ranks=ranks,
+        full_dtensor=full_dtensor, backward=backward, progress=progress, ops=ops, ops_exclude=ops_exclude,
+        ops_in=ops_in, ops_min_numel=ops_min_numel, writers=writers, pool_mb=pool_mb, steps=steps,
+        teacher_forcing=teacher_forcing, other_steps=other_steps, compiled=compiled)
+    with _capture(model, out_dir, options) as session:
+        yield session
 
-    pipeline = payload_pipeline(tensors, writers, pool_mb)
-    encoder = Encoder(folder, tensors, full_dtensor=full_dtensor, pipeline=pipeline,
-                      measure=adapter.measure())
-    bar = _progress_bar(progress)
-    recorder = _NativeRecorder(model, encoder, bar)
-    recorder.compiled = compiled_watch
-    started = _dt.datetime.now(_dt.timezone.utc)
-    sharded = ranks == "all" and world > 1
-    # microseconds: two runs launched side by side (two torchrun jobs in one second) must not share an identity
-    run = _RunIdentity(started.isoformat(timespec="microseconds"), None)
-    if sharded:
-        run = _sharded_run(model, out, run.started, rank, world, type(model).__name__)
-        recorder.styles = style_layouts(model, run.mesh)
-    recorder.journal = Journal(folder)
-    recorder.steps = StepTracker(model, encoder, selected_steps, fail=recorder.stopped, forcing=forcing,
-                                 others=other_steps)
-    op_recorder = op_capture(recorder, op_selection)
-    recorder.observer = op_recorder or recorder
-    recorder.backward = BackwardRecorder(model, recorder.model_name, recorder._encode, recorder.counts,
-                                         on_recorded=recorder.backward_recorded) if backward else None
-    options = {"tensors": tensors, "prune_layers": prune_layers, "verify": verify, "ranks": ranks,
-               "full_dtensor": full_dtensor, "backward": backward,
-               "ops": op_recorder.selection.to_dict() if op_recorder else None,
-               "payload_pipeline": pipeline.options if pipeline is not None else None,
-               fmt.TEACHER_FORCING_OPTION: forcing_option(forcing), "compiled": compiled}
-    patch = adapter.install(model, recorder, options)
+
+@contextmanager
+def _capture(model: Any, out_dir: str | Path, options: CaptureOptions,
+             adapter: Adapter | None = None) -> Iterator[CaptureSession]:
+    """``capture`` with its options gathered, under ``adapter`` (the model's runtime) when the caller chose it.
+
+    The stages: decide everything that needs no folder (``_plan``), claim the folder, build the recorder,
+    install the adapter's interception, yield, restore, finish the trace.
+    """
+    if adapter is None:
+        adapter = adapter_for(uncompiled(model))  # the one place a model's runtime is decided, unless handed down
+    plan = _plan(model, Path(out_dir), options.checked(adapter), adapter)
+    if not plan.recording:
+        yield from _pass_through(plan.model, adapter, CaptureSession(trace_dir=plan.folder, recording=False),
+                                 gather=options.full_dtensor and plan.world > 1, verify=options.verify)
+        return
+    claim = _claim(plan.folder, overwrite=options.overwrite)
+    run = _start(plan)
+    patch = adapter.install(plan.model, run.recorder, run.entry)
     raised = False
-    quiet = warnings.catch_warnings()
-    if backward:
-        # Full backward hooks warn about every non-tuple output (ModelOutput); the records say it better.
-        quiet.__enter__()
-        warnings.filterwarnings("ignore", message="For backward hooks to be called")
-        warnings.filterwarnings("ignore", message="Full backward hook is firing")
     try:
-        recorder.steps.install()
-        if op_recorder is not None:
-            op_recorder.start()
-        # SIGTERM/SIGHUP end the forward as Ctrl-C does: partial trace kept
-        with termination_as_interrupt(), versioned_collectives() if sharded else nullcontext():
-            yield session
+        with _recording(run):
+            yield run.session
     except BaseException:
         raised = True
         raise
     finally:
-        if op_recorder is not None:
-            op_recorder.stop()
-            session.ops = op_recorder.recorded
-        patch.restore()
-        recorder.graph.finish()
-        recorder.steps.restore()
-        options[fmt.STEPS_OPTION] = recorder.steps.options
-        if backward:
-            quiet.__exit__(None, None, None)
-        if recorder.backward is not None:
-            recorder.backward.remove()
-        if bar is not None:
-            bar.close()
-        if verify and not raised and recorder.root_call is not None and recorder.failure is None:
-            session.verification = _verify(caller, recorder.root_call)  # compiled, when it was given compiled
+        _restore(run, patch)
+        _verify_run(run, raised)
         try:
-            _finish(session, recorder, model, adapter, options, started, rank, world, run)
+            _finish(run)
         finally:
-            written = recorder.tree is None or (folder / fmt.trace_file_names(recorder.model_name)[0]).is_file()
-            recorder.journal.close() if not written else recorder.journal.remove()  # kept when no trace JSON
-            if claim is not None:
-                claim.release()
-    if recorder.failure is not None:
-        raise recorder.failure
+            _close_journal(run)
+            claim.release()
+    if run.recorder.failure is not None:
+        raise run.recorder.failure
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What a capture decided before touching its folder: the model to patch, its runtime, where it writes."""
+
+    options: CaptureOptions
+    adapter: Adapter
+    caller: Any  # the model as given (compiled, when it was given compiled): what ``verify`` reruns
+    model: Any  # the model patched: an ``OptimizedModule``'s own module
+    watch: CompileWatch
+    forcing: ReferenceTokens | None
+    selection: OpSelection | None
+    rank: int
+    world: int
+    out: Path
+    folder: Path
+
+    @property
+    def recording(self) -> bool:
+        return self.options.records(self.rank)
+
+    @property
+    def sharded(self) -> bool:
+        return self.options.sharded(self.world)
+
+
+def _plan(model: Any, out: Path, options: CaptureOptions, adapter: Adapter) -> _Plan:
+    """The checks that need the model (a compiled region, the reference's vocabulary, ``ops_in``), and the
+    folder this rank writes."""
+    watch = CompileWatch(model, options.compiled)  # torch.compile(model): the model it wraps, its own paths
+    patched = watch.model
+    forcing = read_reference_tokens(options.teacher_forcing) if options.teacher_forcing is not None else None
+    if forcing is not None:
+        check_forcing_model(forcing, patched)
+    selection = select_ops(patched, options.ops, exclude=options.ops_exclude, inside=options.ops_in,
+                           min_numel=options.ops_min_numel)
+    rank, world = current_rank(), world_size()
+    folder = out / f"rank{rank}" if options.sharded(world) else out
+    return _Plan(options, adapter, model, patched, watch, forcing, selection, rank, world, out, folder)
+
+
+def _claim(folder: Path, *, overwrite: bool) -> FolderClaim:
+    """The folder, locked first, then checked and cleared: a second capture into it is refused, never
+    overwritten (the claim ``capture_spec`` took before building the model is taken over)."""
+    claim = held_claim(folder) or claim_folder(folder, overwrite=overwrite)
+    claim.in_use = True
+    try:
+        claim.clear_earlier_trace()
+        ensure_writable_dir(folder)
+    except BaseException:
+        claim.release()
+        raise
+    return claim
+
+
+@dataclass
+class _Run:
+    """A recording capture while it runs: what its stages hand each other."""
+
+    plan: _Plan
+    session: CaptureSession
+    recorder: _NativeRecorder
+    op_recorder: OpRecorder | None
+    entry: dict[str, Any]  # the metadata's options object, completed as the capture ends
+    bar: Any
+    started: _dt.datetime
+    identity: _RunIdentity
+    quiet: Any = None  # backward's warnings filter while the block runs
+
+
+def _start(plan: _Plan) -> _Run:
+    """The recorder and everything it writes through (encoder, journal, decode steps, ops, backward)."""
+    options, model, folder = plan.options, plan.model, plan.folder
+    pipeline = payload_pipeline(options.tensors, options.writers, options.pool_mb)
+    encoder = Encoder(folder, options.tensors, full_dtensor=options.full_dtensor, pipeline=pipeline,
+                      measure=plan.adapter.measure())
+    bar = progress_bar(options.progress, desc="capture", unit=" calls")
+    recorder = _NativeRecorder(model, encoder, bar)
+    recorder.compiled = plan.watch
+    started = _dt.datetime.now(_dt.timezone.utc)
+    # microseconds: two runs launched side by side (two torchrun jobs in one second) must not share an identity
+    identity = _RunIdentity(started.isoformat(timespec="microseconds"), None)
+    if plan.sharded:
+        identity = _sharded_run(model, plan.out, identity.started, plan.rank, plan.world, type(model).__name__)
+        recorder.styles = style_layouts(model, identity.mesh)
+    recorder.journal = Journal(folder)
+    recorder.steps = StepTracker(model, encoder, options.step_numbers, fail=recorder.stopped, forcing=plan.forcing,
+                                 others=options.other_steps)
+    op_recorder = op_capture(recorder, plan.selection)
+    recorder.observer = op_recorder or recorder
+    recorder.backward = BackwardRecorder(model, recorder.model_name, recorder._encode, recorder.counts,
+                                         on_recorded=recorder.backward_recorded) if options.backward else None
+    entry = options.metadata(ops=op_recorder.selection.to_dict() if op_recorder else None,
+                             payload_pipeline=pipeline.options if pipeline is not None else None,
+                             teacher_forcing=forcing_option(plan.forcing))
+    session = CaptureSession(trace_dir=folder, recording=True)
+    return _Run(plan, session, recorder, op_recorder, entry, bar, started, identity)
+
+
+@contextmanager
+def _recording(run: _Run) -> Iterator[None]:
+    """While the block runs: backward's warnings quiet, decode steps and ops recorded, SIGTERM/SIGHUP ending the
+    forward as Ctrl-C does (the partial trace is kept), the collectives of a multi-rank run versioned."""
+    if run.plan.options.backward:
+        # Full backward hooks warn about every non-tuple output (ModelOutput); the records say it better.
+        run.quiet = warnings.catch_warnings()
+        run.quiet.__enter__()
+        warnings.filterwarnings("ignore", message="For backward hooks to be called")
+        warnings.filterwarnings("ignore", message="Full backward hook is firing")
+    assert run.recorder.steps is not None
+    run.recorder.steps.install()
+    if run.op_recorder is not None:
+        run.op_recorder.start()
+    with termination_as_interrupt(), versioned_collectives() if run.plan.sharded else nullcontext():
+        yield
+
+
+def _restore(run: _Run, patch: Installed) -> None:
+    """Undo every interception, in the reverse order of its installation, after an exception too."""
+    recorder = run.recorder
+    if run.op_recorder is not None:
+        run.op_recorder.stop()
+        run.session.ops = run.op_recorder.recorded
+    patch.restore()
+    recorder.graph.finish()
+    assert recorder.steps is not None
+    recorder.steps.restore()
+    run.entry[fmt.STEPS_OPTION] = recorder.steps.options
+    if run.quiet is not None:
+        run.quiet.__exit__(None, None, None)
+    if recorder.backward is not None:
+        recorder.backward.remove()
+    run.bar.close()
+
+
+def _verify_run(run: _Run, raised: bool) -> None:
+    """``verify``: rerun the first top-level call as the caller gave the model (compiled, when it was)."""
+    recorder = run.recorder
+    if run.plan.options.verify and not raised and recorder.root_call is not None and recorder.failure is None:
+        run.session.verification = _verify(run.plan.caller, recorder.root_call)
+
+
+def _close_journal(run: _Run) -> None:
+    """The journal is removed once the trace JSON is written; kept (closed) when it is not, for recovery."""
+    recorder = run.recorder
+    written = recorder.tree is None or (run.plan.folder / fmt.trace_file_names(recorder.model_name)[0]).is_file()
+    assert recorder.journal is not None
+    recorder.journal.close() if not written else recorder.journal.remove()
 
 
 @dataclass(frozen=True)
@@ -550,7 +640,8 @@ def _pass_through(
     if not gather and not verify:
         yield session
         return
-    recorder = _NativeRecorder(model, Encoder(session.trace_dir, "summary", full_dtensor=gather), None)
+    recorder = _NativeRecorder(model, Encoder(session.trace_dir, "summary", full_dtensor=gather),
+                               progress_bar(False, desc="capture", unit=" calls"))
     patch = adapter.install(model, recorder, {})
     raised = False
     try:
@@ -562,14 +653,6 @@ def _pass_through(
         patch.restore()
         if verify and not raised and recorder.root_call is not None and recorder.failure is None:
             session.verification = _verify(model, recorder.root_call)
-
-
-def _progress_bar(enabled: bool) -> Any:
-    if not enabled or not sys.stderr.isatty():
-        return None
-    from tqdm import tqdm
-
-    return tqdm(desc="capture", unit=" calls", file=sys.stderr, leave=False)
 
 
 def _verify(model: nn.Module, root_call: tuple[tuple[Any, ...], dict[str, Any], Any, Any]) -> Verification:
@@ -599,6 +682,8 @@ def _adapter_metadata(adapter: Adapter, model: Any) -> dict[str, Any]:
     unknown = sorted(set(extra) - ADAPTER_METADATA)
     if unknown:
         raise TracediffError(f"adapter {adapter.framework}: metadata keys {', '.join(unknown)} are not its to set")
+    if adapter.graph is not None:  # what the runtime's ops and scopes mean, for every reader (trace/vocabulary.py)
+        extra[fmt.GRAPH_KEY] = adapter.graph.to_json()
     return extra
 
 
@@ -608,19 +693,11 @@ def _compile_metadata(recorder: _NativeRecorder) -> dict[str, Any]:
     return {fmt.COMPILE: found} if found is not None else {}
 
 
-def _finish(
-    session: CaptureSession,
-    recorder: _NativeRecorder,
-    model: nn.Module,
-    adapter: Adapter,
-    options: dict[str, Any],
-    started: _dt.datetime,
-    rank: int,
-    world: int,
-    run: _RunIdentity,
-) -> None:
+def _finish(run: _Run) -> None:
+    """Close the open calls, wait for the payloads, then write the tree and the metadata (after a failure too)."""
+    session, recorder = run.session, run.recorder
     encoder = recorder.encoder
-    close_pipeline(recorder, options)
+    close_pipeline(recorder, run.entry)
     open_calls = bool(recorder.stack)
     while recorder.stack:  # calls interrupted by something other than an exception in forward
         recorder._close(recorder.stack[-1])
@@ -631,35 +708,13 @@ def _finish(
         recorder.tree is not None and recorder.escaped_error is None and recorder.failure is None and not open_calls
         and not recorder.unrecorded
     )
-    metadata = encoder.stage.metadata({  # the stage adds the version, devices, dtypes and framework
-        "torch_version": torch.__version__,
-        "python_version": platform.python_version(),
-        "transformers_version": _imported_version("transformers"),
-        "model_class": f"{type(model).__module__}.{type(model).__qualname__}",
-        "model_name": recorder.model_name,
-        "world_size": world,
-        "rank": rank,
-        "created": started.isoformat(timespec="seconds"),
-        "options": options,
-        "complete": session.complete,
-        "error": recorder.escaped_error,
-        "capture_failure": str(recorder.failure) if recorder.failure else None,
-        "calls": session.calls,
-        fmt.UNRECORDED_CALLS: fmt.unrecorded_calls_entry(recorder.unrecorded, recorder.unrecorded_examples),
-        "payload_files": encoder.files,
-        "payload_bytes": encoder.payload_bytes,
-        "verification": session.verification.to_dict() if session.verification is not None else None,
-        **_compile_metadata(recorder),
-        **_adapter_metadata(adapter, model),
-        **({"mesh": run.mesh, "run_started": run.started} if run.mesh is not None else {}),  # multi-rank only
-    }, framework=adapter.framework, framework_version=adapter.version())
-    session.metadata = metadata
+    metadata = session.metadata = _metadata(run)
     try:
         if recorder.tree is not None:
             tree = recorder.tree
             if recorder.backward is not None and recorder.backward.nodes:
                 tree[fmt.BACKWARD] = recorder.backward.nodes
-            if options["prune_layers"]:
+            if run.plan.options.prune_layers:
                 prune_intermediate_layers(tree)
             encoder.stage.write_tree(tree, recorder.model_name)  # FULL_TENSORS, and SUMMARY without values
     except TracediffError as e:
@@ -672,3 +727,32 @@ def _finish(
     except TracediffError as e:
         if recorder.failure is None:
             recorder.failure = e
+
+
+def _metadata(run: _Run) -> dict[str, Any]:
+    """The trace's ``tracediff_metadata.json`` object, once the capture has ended."""
+    session, recorder, plan, identity = run.session, run.recorder, run.plan, run.identity
+    model, adapter, encoder = plan.model, plan.adapter, recorder.encoder
+    return encoder.stage.metadata({  # the stage adds the version, devices, dtypes and framework
+        "torch_version": torch.__version__,
+        "python_version": platform.python_version(),
+        "transformers_version": _imported_version("transformers"),
+        "model_class": f"{type(model).__module__}.{type(model).__qualname__}",
+        "model_name": recorder.model_name,
+        "world_size": plan.world,
+        "rank": plan.rank,
+        "created": run.started.isoformat(timespec="seconds"),
+        "options": run.entry,
+        "complete": session.complete,
+        "error": recorder.escaped_error,
+        "capture_failure": str(recorder.failure) if recorder.failure else None,
+        "calls": session.calls,
+        fmt.UNRECORDED_CALLS: fmt.unrecorded_calls_entry(recorder.unrecorded, recorder.unrecorded_examples),
+        "payload_files": encoder.files,
+        "payload_bytes": encoder.payload_bytes,
+        "verification": session.verification.to_dict() if session.verification is not None else None,
+        **_compile_metadata(recorder),
+        **_adapter_metadata(adapter, model),
+        # multi-rank only
+        **({"mesh": identity.mesh, "run_started": identity.started} if identity.mesh is not None else {}),
+    }, framework=adapter.framework, framework_version=adapter.version())

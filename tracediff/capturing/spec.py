@@ -31,10 +31,10 @@ from ..files.confine import check_regular_file
 from ..files.payloads import read_tensor_file
 from .adapters import Adapter, array_adapter, find_adapter, known_models
 from .conditions import parse_device, parse_dtype
-from .decode_steps import check_other_steps, parse_steps
 from .journal import claim_folder
+from .options import CaptureOptions
 from .pipeline import DEFAULT_POOL_MB
-from .session import CaptureSession, capture
+from .session import CaptureSession, _capture
 from .tokens import check_forcing_model, check_forcing_prompt, prompt_ids, read_reference_tokens
 
 Inputs = tuple[tuple[Any, ...], dict[str, Any]]
@@ -137,30 +137,43 @@ def _split_inputs(spec: str, inputs: Any, adapter: Adapter) -> Inputs:
                            f"keyword arguments, got {type(inputs).__name__}")
 
 
-def _tensor_slots(inputs: Inputs) -> dict[str, torch.Tensor]:
+def _tensor_slots(inputs: Inputs, adapter: Adapter | None = None) -> dict[str, torch.Tensor]:
     """The tensors of ``inputs`` by slot; another runtime's array (MLX, JAX) as its host copy (a CPU tensor)."""
     args, kwargs = inputs
     slots = {f"args.{i}": v for i, v in enumerate(args)}
     slots.update({f"kwargs.{k}": v for k, v in kwargs.items()})
-    found = {key: _as_tensor(value) for key, value in slots.items()}
+    found = {key: _as_tensor(value, adapter) for key, value in slots.items()}
     return {key: tensor for key, tensor in found.items() if tensor is not None}
 
 
-def _as_tensor(value: Any) -> torch.Tensor | None:
+def _array_runtime(value: Any, adapter: Adapter | None) -> Adapter | None:
+    """The adapter whose array ``value`` is: the model's (``adapter``) when the capture chose it, else the
+    registered one that takes it; None for a value no runtime's."""
+    if adapter is None:
+        return array_adapter(value)
+    return adapter if adapter.is_array(value) else None
+
+
+def _as_tensor(value: Any, adapter: Adapter | None = None) -> torch.Tensor | None:
     """A tensor as it is, a runtime's array as its host copy, anything else None."""
     if isinstance(value, torch.Tensor):
         return value
-    adapter = array_adapter(value)
-    return None if adapter is None else cast(torch.Tensor, adapter.host(value))
+    runtime = _array_runtime(value, adapter)
+    return None if runtime is None else cast(torch.Tensor, runtime.host(value))
 
 
 def save_inputs(path: str | Path, inputs: Inputs) -> None:
     """Write the tensors of ``inputs`` to a safetensors file (keys ``args.i`` / ``kwargs.name``)."""
+    _save_inputs(path, inputs, None)
+
+
+def _save_inputs(path: str | Path, inputs: Inputs, adapter: Adapter | None) -> None:
+    """``save_inputs``, the arrays of ``adapter``'s runtime (the model's) taken as such."""
     from safetensors.torch import save_file
 
     path = Path(path)
     ensure_writable_dir(path.parent if str(path.parent) else Path("."))
-    tensors = {key: t.detach().cpu().contiguous() for key, t in _tensor_slots(inputs).items()}
+    tensors = {key: t.detach().cpu().contiguous() for key, t in _tensor_slots(inputs, adapter).items()}
     tmp = path.with_name(f".{path.name}.tmp")
     try:
         save_file(tensors, str(tmp))
@@ -179,6 +192,12 @@ def load_inputs(path: str | Path, example: Inputs, *, inputs_map: Mapping[str, s
     :mod:`tracediff.capturing.inputs_map`). ``on_note`` receives a line when
     the only tensor of each side was paired automatically.
     """
+    return _load_inputs(path, example, None, inputs_map=inputs_map, on_note=on_note)
+
+
+def _load_inputs(path: str | Path, example: Inputs, adapter: Adapter | None, *,
+                 inputs_map: Mapping[str, str] | None = None, on_note: Callable[[str], None] | None = None) -> Inputs:
+    """``load_inputs``, the example's arrays taken as ``adapter``'s (the model's runtime) when it is given."""
     from safetensors import SafetensorError, safe_open
 
     from .inputs_map import resolve_keys
@@ -190,7 +209,7 @@ def load_inputs(path: str | Path, example: Inputs, *, inputs_map: Mapping[str, s
             keys = set(f.keys())
     except (SafetensorError, OSError, ValueError, RuntimeError) as e:
         raise InputsFileError(f"{path}: not a readable safetensors file ({str(e).splitlines()[0]})") from e
-    slots = _tensor_slots(example)
+    slots = _tensor_slots(example, adapter)
     source, note = resolve_keys(path, sorted(keys), slots, inputs_map or {}, lambda k: read_tensor_file(path, k))
     if note is not None and on_note is not None:
         on_note(note)
@@ -201,7 +220,7 @@ def load_inputs(path: str | Path, example: Inputs, *, inputs_map: Mapping[str, s
         loaded: Any = read_tensor_file(path, source[key]).to(original.device).clone()
         kind, _, name = key.partition(".")
         example_value = example[0][int(name)] if kind == "args" else example[1][name]
-        runtime = array_adapter(example_value)
+        runtime = _array_runtime(example_value, adapter)
         if runtime is not None:  # another runtime's input (MLX, JAX): an array of the example's dtype
             loaded = runtime.from_host(loaded, like=example_value)
         if kind == "args":
@@ -317,8 +336,12 @@ def capture_spec(
         raise UsageError(f"max_new_tokens={max_new_tokens!r}: expected a number of tokens, 1 or more")
     if generate and backward:
         raise UsageError("generate and backward cannot be combined: capture a forward with backward")
-    parse_steps(steps)
-    check_other_steps(other_steps)
+    options = CaptureOptions(
+        tensors=tensors, prune_layers=prune_layers, overwrite=overwrite, verify=verify,  # type: ignore[arg-type]
+        ranks=ranks, backward=backward, progress=progress, ops=ops, ops_exclude=ops_exclude, ops_in=ops_in,
+        ops_min_numel=ops_min_numel, writers=writers, pool_mb=pool_mb, steps=steps,
+        teacher_forcing=teacher_forcing, other_steps=other_steps, compiled=compiled)
+    options.check_steps()  # the rest once the model's runtime is known (capture's CaptureOptions.checked)
     if other_steps != "stats" and steps is None:
         raise UsageError("other_steps says what the steps left out by steps keep: add steps (--steps 0,-1)")
     forcing = read_reference_tokens(teacher_forcing) if teacher_forcing is not None else None
@@ -329,10 +352,10 @@ def capture_spec(
         model, adapter, example = _load_spec(spec)
         if generate and not callable(getattr(model, "generate", None)):
             raise CaptureSpecError(f"{spec}: the model ({type(model).__name__}) has no generate method")
-        args, kwargs = (load_inputs(inputs, example, inputs_map=inputs_map, on_note=on_note)
+        args, kwargs = (_load_inputs(inputs, example, adapter, inputs_map=inputs_map, on_note=on_note)
                         if inputs is not None else example)
         if save_inputs_to is not None:
-            save_inputs(save_inputs_to, (args, kwargs))
+            _save_inputs(save_inputs_to, (args, kwargs), adapter)
         model, args, kwargs = adapter.prepare(model, args, kwargs, dtype=dtype, device=device)
         if forcing is not None:
             check_forcing_model(forcing, model)
@@ -344,12 +367,8 @@ def capture_spec(
     session = None
     grad_mode = torch.enable_grad() if backward else torch.no_grad()
     try:
-        with grad_mode, capture(model, out_dir, tensors=tensors, overwrite=overwrite,  # type: ignore[arg-type]
-                                verify=verify, prune_layers=prune_layers, backward=backward,
-                                progress=progress, ops=ops, ops_exclude=ops_exclude, ops_in=ops_in,
-                                ops_min_numel=ops_min_numel, writers=writers, pool_mb=pool_mb,
-                                steps=steps, teacher_forcing=teacher_forcing, ranks=ranks,
-                                other_steps=other_steps, compiled=compiled) as session:
+        # the adapter chosen when the SPEC's model came back, handed down: the runtime is decided once
+        with grad_mode, _capture(model, out_dir, options, adapter) as session:
             if generate:
                 extra = {"max_new_tokens": max_new_tokens} if max_new_tokens is not None else {}
                 output = cast(Any, model).generate(*args, **kwargs, **extra)

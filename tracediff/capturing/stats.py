@@ -138,10 +138,10 @@ def numpy_stats(tensor: torch.Tensor, *, buffers: StatsBuffers | None = None) ->
     if t.device.type != "cpu":
         return tensor_stats(t, buffers=buffers)
     if t.dtype == torch.bfloat16:
+        from ..files.host import host_array
         from ..trace.payload import as_floats
 
-        values = as_floats(t.contiguous().view(torch.int16).numpy().view(np.uint16).reshape(-1), "bfloat16",
-                           np.float32)
+        values = as_floats(host_array(t).reshape(-1), "bfloat16", np.float32)
     else:
         try:
             values = t.contiguous().numpy().reshape(-1)

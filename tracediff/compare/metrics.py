@@ -45,6 +45,11 @@ give finite means. Only a difference that itself exceeds the float64 range
 (``1e308 - (-1e308)``) is reported as ``inf``. The small functions in
 ``METRICS`` compute one metric each, directly from the definitions; they are
 the reference the streaming kernel is tested against.
+
+With numba installed (``tracediff[fast]``), a large pair of a large alignment
+is compared instead by one compiled pass (:mod:`tracediff.compare.kernel`):
+the same counts, maxima and positions, the sums within their rounding bound.
+The numpy kernel here stays the reference and the fallback.
 """
 
 from __future__ import annotations
@@ -59,6 +64,7 @@ import numpy as np
 
 from ..order import chunk_size
 from ..trace.payload import Payload, as_floats, payload_of
+from . import kernel
 from .moments import MOMENT_BLOCK
 from .row_pass import PearsonMoments, PositionTracker, RowExtras
 from .rule import passes
@@ -174,7 +180,10 @@ def _measure(a: Any, b: Any, atol: float, rtol: float, along: int | None, extras
 
 def _accumulate(a: Payload, b: Payload, acc: _Accumulator) -> _Accumulator:
     """``acc`` with the pair added, ``CHUNK`` elements at a time, each chunk converted into this thread's work
-    arrays (float64 when either side is, else float32)."""
+    arrays (float64 when either side is, else float32); with numba, a large pair in one compiled pass instead
+    (:mod:`tracediff.compare.kernel`, the same results up to the rounding of the sums)."""
+    if kernel.wanted(a, b):
+        return kernel.accumulate(a, b, acc, CHUNK)
     work = np.float64 if "float64" in (a.dtype, b.dtype) else np.float32
     fa, fb = a.values.reshape(-1), b.values.reshape(-1)
     scratch = _scratch(work)

@@ -61,6 +61,12 @@ def default_tolerance(dtype_a: str | None, dtype_b: str | None) -> tuple[float, 
     return max(p[0] for p in pairs), max(p[1] for p in pairs)
 
 
+def computed_dtype(dtype: str | None, computed: str | None) -> str | None:
+    """A tensor's ``dtype`` as its side computed it: ``computed`` (a trace's ``compute_dtype``) for a floating
+    tensor, else its own."""
+    return computed if computed is not None and (dtype or "").startswith(("torch.float", "torch.bfloat")) else dtype
+
+
 def _normalize(value: Tolerance, name: str) -> tuple[float | None, list[tuple[str, float]]]:
     if value is None:
         return None, []
@@ -106,6 +112,10 @@ class TolerancePolicy:
 
     atol: Tolerance = None
     rtol: Tolerance = None
+    #: the dtype each side computed in, where its tensors do not show it (a trace's ``compute_dtype``): a floating
+    #: tensor of that side is judged at that dtype's default tolerance
+    computed_a: str | None = None
+    computed_b: str | None = None
     _atol_default: float | None = field(init=False)
     _rtol_default: float | None = field(init=False)
     _atol_rules: list[tuple[str, float]] = field(init=False)
@@ -125,7 +135,8 @@ class TolerancePolicy:
 
     def resolve(self, paths: tuple[str, ...], dtype_a: str | None, dtype_b: str | None) -> tuple[float, float]:
         """``(atol, rtol)`` for a pair whose module paths (relative, both sides) are ``paths``."""
-        atol_default, rtol_default = default_tolerance(dtype_a, dtype_b)
+        atol_default, rtol_default = default_tolerance(computed_dtype(dtype_a, self.computed_a),
+                                                       computed_dtype(dtype_b, self.computed_b))
         atol = self._pick(self._atol_rules, paths) if self._atol_rules else None
         rtol = self._pick(self._rtol_rules, paths) if self._rtol_rules else None
         atol = atol if atol is not None else self._atol_default

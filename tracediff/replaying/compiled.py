@@ -18,20 +18,21 @@ model itself.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any, cast
 
 import torch
 from torch import nn
 
 from ..capturing.compiled import has_compiled_region, is_optimized_module, own_modules, uncompiled
+from .shadow import seed_rng
 
 NO_ORACLE_WHEN_COMPILED = ("B runs under torch.compile: each module was replayed compiled and judged against the "
                            "tolerances, without the float64 oracle (an eager float64 run would count a compile-only "
                            "difference as B's precision noise)")
 
-__all__ = ["NO_ORACLE_WHEN_COMPILED", "CompiledRuns", "compiling", "eager", "is_compiled", "own_module_table",
-           "uncompiled"]
+__all__ = ["NO_ORACLE_WHEN_COMPILED", "CompiledB", "CompiledRuns", "EagerB", "compiling", "eager", "how_b_runs",
+           "is_compiled", "own_module_table", "uncompiled"]
 
 
 def is_compiled(model: Any) -> bool:
@@ -82,3 +83,88 @@ class CompiledRuns:
         if id(module) not in self._compiled:  # the module is kept with it: its id stays its own
             self._compiled[id(module)] = (module, cast(nn.Module, torch.compile(module, dynamic=False)))
         return self._compiled[id(module)][1]
+
+
+class EagerB:
+    """How replay runs an eager B: its modules as they are, its end-to-end output the shadow run's."""
+
+    compiled = False
+    #: whether the float64 oracle may judge B's rows (not for a compiled B: see the module's docstring)
+    oracle_allowed = True
+
+    def __init__(self, model: nn.Module) -> None:
+        self.model = model
+
+    def settings(self) -> AbstractContextManager[None]:
+        """The settings the whole replay runs under."""
+        return nullcontext()
+
+    def module_table(self) -> dict[str, nn.Module]:
+        """``relative path -> module`` of B's own modules."""
+        return dict(self.model.named_modules(remove_duplicate=False))
+
+    def call_tree(self) -> AbstractContextManager[Any]:
+        """The context of the shadow run, whose hooks read statistics."""
+        return nullcontext()
+
+    def runnable(self, module: nn.Module) -> nn.Module:
+        """What runs when ``module`` is replayed alone."""
+        return module
+
+    def whole(self) -> nn.Module:
+        """What runs B's whole forward (a patched rerun)."""
+        return self.model
+
+    def final_output(self, shadow_output: Any, root_inputs: tuple[tuple[Any, ...], dict[str, Any]], seed: int,
+                     warnings: list[str]) -> Any:
+        """B's final output on A's top-level inputs: the shadow run's."""
+        return shadow_output
+
+
+class CompiledB(EagerB):
+    """How replay runs a compiled B: each module replayed through its own ``torch.compile``, the call tree
+    taken eager, the end-to-end output from B's compiled model, no float64 oracle."""
+
+    compiled = True
+    oracle_allowed = False
+
+    def __init__(self, model: nn.Module, compiled_model: nn.Module) -> None:
+        super().__init__(model)
+        self.compiled_model = compiled_model  # B as its SPEC runs it
+        self._runs = CompiledRuns()
+
+    def settings(self) -> AbstractContextManager[None]:
+        return compiling(True, len(list(self.model.modules())))
+
+    def module_table(self) -> dict[str, nn.Module]:
+        return own_module_table(self.model)
+
+    def call_tree(self) -> AbstractContextManager[Any]:
+        return cast(AbstractContextManager[Any], eager(True))
+
+    def runnable(self, module: nn.Module) -> nn.Module:
+        return self._runs(module)
+
+    def whole(self) -> nn.Module:
+        return self.compiled_model
+
+    def final_output(self, shadow_output: Any, root_inputs: tuple[tuple[Any, ...], dict[str, Any]], seed: int,
+                     warnings: list[str]) -> Any:
+        """B's final output as its SPEC's compiled model computes it (the shadow run's when that raises)."""
+        args, kwargs = root_inputs
+        with torch.no_grad():
+            seed_rng(seed)
+            try:
+                return self.compiled_model(*args, **kwargs)
+            except Exception as e:  # noqa: BLE001 - the port's compiled code; the eager output stands in
+                warnings.append(f"B's compiled model raised {type(e).__name__} on A's top-level inputs: the "
+                                "end-to-end error is the eager run's")
+                return shadow_output
+
+
+def how_b_runs(model_b: nn.Module) -> EagerB:
+    """``CompiledB`` for a model that runs compiled (its own modules and paths, never ``_orig_mod``), else
+    ``EagerB``."""
+    if is_compiled(model_b):
+        return CompiledB(uncompiled(model_b), model_b)
+    return EagerB(uncompiled(model_b))

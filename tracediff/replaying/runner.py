@@ -15,6 +15,7 @@ from torch import nn
 from ..alignment.pairing.permuted import pair_orders
 from ..alignment.pairing.slots import Parameters
 from ..compare.metrics import compare_tensors
+from ..compare.relative import relative_rms
 from ..compare.tolerance import default_tolerance
 from ..trace.load import Trace
 from ..trace.model import Node, TensorRecord
@@ -236,8 +237,7 @@ def _row(setup: CallSetup, record: TensorRecord, a: torch.Tensor | None, b: torc
     rtol = default_rtol if setup.rtol is None else setup.rtol
     b_cpu = b.detach().to("cpu")
     m = compare_tensors(a, b_cpu, atol=atol, rtol=rtol)
-    scale = float(a.detach().to(torch.float64).square().mean().sqrt()) if a.numel() else 0.0
-    rel_rms = m.rms_err / scale if scale > 0 else (0.0 if m.rms_err == 0 else math.inf)
+    rel_rms = relative_rms(a, b_cpu)
     local: dict[str, Any] = {"local_max_abs_err": m.max_abs_err, "local_max_rel_err": m.max_rel_err,
                              "local_rms_err": m.rms_err, "local_rel_rms_err": rel_rms, "atol": atol, "rtol": rtol,
                              "within_tolerance": m.within_tolerance}

@@ -35,6 +35,7 @@ from .model import Node, ReprValue, StepTokens, TensorRecord
 from .ranks import is_multi_rank
 from .reading import incomplete_reason, journal_of, read_tree
 from .validate import TreeChecker, check_graph_order, value_problem
+from .vocabulary import GraphVocabulary, trace_vocabulary
 
 if TYPE_CHECKING:
     import torch
@@ -73,6 +74,18 @@ class Trace:
     @property
     def model_name(self) -> str:
         return self.roots[0].module_path
+
+    @property
+    def compute_dtype(self) -> str | None:
+        """The floating dtype the runtime computed in where the tensors do not show it (metadata ``compute_dtype``:
+        ``"torch.bfloat16"`` for OpenVINO's bf16 inference precision), else None."""
+        found = self.metadata.get(fmt.COMPUTE_DTYPE)
+        return found if isinstance(found, str) and found.startswith(("torch.float", "torch.bfloat")) else None
+
+    @property
+    def graph(self) -> GraphVocabulary | None:
+        """What the graph runtime's ops and scopes mean (metadata ``graph``), None for a trace of module calls."""
+        return trace_vocabulary(self.metadata)
 
     @property
     def producer(self) -> str:
@@ -205,7 +218,9 @@ def load_trace(path: str | Path) -> Trace:
         raise TraceFormatError(f"{json_path}: the call tree nests too deeply to be read; refused") from None
     del tree, later, backward_entries
     check_graph_order(roots, json_path)
-    group_scopes([root for root, step in zip(roots, steps) if step is not None])  # graph nodes: graph_scopes.py
+    vocabulary = trace_vocabulary(metadata)
+    group_scopes([root for root, step in zip(roots, steps) if step is not None],  # graph nodes: graph_scopes.py
+                 vocabulary.scopes if vocabulary is not None else "blocks")
     trace = Trace(directory=directory, json_path=json_path, roots=roots, metadata=metadata, backward=backward,
                   root_steps=steps, root_tokens=tokens, layouts=builder.layouts)
     if trace.producer == "transformers":
@@ -239,6 +254,9 @@ class _Builder:
         if isinstance(attributes, dict):
             node.attributes = attributes
         node.graph = fmt.SOURCES in obj
+        scopes = obj.get(fmt.NODE_SCOPES)
+        if node.graph and isinstance(scopes, list) and scopes and all(isinstance(s, str) and s for s in scopes):
+            node.scopes = tuple(scopes)
         inputs = obj.get(fmt.INPUTS)
         if inputs is not None:
             self._flatten(inputs, "inputs", node)

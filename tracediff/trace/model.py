@@ -93,6 +93,8 @@ class Node:
     # a graph node's runtime attributes as recorded (``attributes``: a ggml op's scale, softcap, type)
     attributes: dict[str, Any] = field(default_factory=dict)
     graph: bool = False  # a graph runtime's node (it names its ``sources``), not a module call
+    # a graph node's module scopes as recorded (``scopes``, outermost first), when its runtime's scopes are modules
+    scopes: tuple[str, ...] | None = None
 
     @property
     def key(self) -> tuple[str, str, int]:

@@ -13,8 +13,8 @@ its 256 values, as it widens every other dtype. ``dtype`` is always torch's
 name of the stored dtype (``"bfloat16"``), so two payloads of other dtypes
 never look alike.
 
-Tensors passed by a user are converted at the boundary (:func:`payload_of`),
-which is the only place here that imports torch.
+Tensors passed by a user are converted at the boundary (:func:`payload_of`,
+through :func:`tracediff.files.host.host_array`), the only place here that reads torch.
 """
 
 from __future__ import annotations
@@ -29,12 +29,10 @@ import numpy as np
 
 from ..errors import PayloadError, PayloadFormatError
 from ..files.confine import map_regular_file
+from ..files.host import BIT_DTYPES, host_array
 from ..format import PAYLOAD_DTYPES, PAYLOAD_HEADER_LIMIT, PAYLOAD_KEY, payload_key_problem, payload_layouts
 
-_BITS: dict[str, np.dtype[Any]] = {
-    "bfloat16": np.dtype("<u2"), "float8_e4m3fn": np.dtype("u1"), "float8_e5m2": np.dtype("u1"),
-    "float8_e4m3fnuz": np.dtype("u1"), "float8_e5m2fnuz": np.dtype("u1"), "float8_e8m0fnu": np.dtype("u1"),
-}
+_BITS = BIT_DTYPES  # the bit patterns of the dtypes numpy lacks (tracediff.files.host)
 #: The numpy dtype holding each payload dtype (bit patterns for those numpy lacks).
 STORAGE: dict[str, np.dtype[Any]] = {name: _BITS[name] if name in _BITS else np.dtype(name).newbyteorder("<")
                                      for name, _ in PAYLOAD_DTYPES.values()}
@@ -183,15 +181,7 @@ def payload_of(value: Any) -> Payload:
 
 
 def _tensor_payload(tensor: Any) -> Payload:
-    import torch
-
-    t = tensor.detach()
-    if t.device.type != "cpu":
-        t = t.cpu()
-    name = str(t.dtype).removeprefix("torch.")
+    name = str(tensor.dtype).removeprefix("torch.")
     if name not in STORAGE:
-        raise TypeError(f"dtype {t.dtype} cannot be compared")
-    if name in _BITS:  # numpy has no such dtype: its bit patterns, as a payload file holds them
-        bits = torch.int16 if _BITS[name].itemsize == 2 else torch.uint8
-        return Payload(t.contiguous().view(bits).numpy().view(_BITS[name]), name)
-    return Payload(t.resolve_conj().numpy(), name)
+        raise TypeError(f"dtype {tensor.dtype} cannot be compared")
+    return Payload(host_array(tensor), name)  # bfloat16 and float8 as their bit patterns, as a payload file holds them

@@ -24,6 +24,7 @@ from ...maps.rules import RenameRules, apply_rename
 from ...maps.suggest import suggest_rules
 from ...trace.load import Trace
 from ...trace.model import Node
+from ..pair import CallPair, Evidence, MatchedBy
 from .evidence import Values
 from .slots import pair_tensors
 from .tree import HANDED_ON, OUTPUTS_ONLY, TreePairing
@@ -36,25 +37,32 @@ __all__ = ["MATCH_MODES", "Matching", "match_nodes", "pair_tensors", "suggest_re
 
 @dataclass(frozen=True)
 class Matching:
-    """Paired calls (in B's call order) with how each was paired, and what is left on each side."""
+    """Paired calls (in B's call order), each with how it was paired, and what is left on each side."""
 
-    pairs: tuple[tuple[Node, Node], ...]
+    calls: tuple[CallPair, ...]
     unmatched_a: tuple[Node, ...]
     unmatched_b: tuple[Node, ...]
     structural: bool
-    methods: tuple[str, ...] = ()  # per pair: "name", "map" or "structure"
-    evidence: tuple[str, ...] = ()  # per pair: "map", "value", "name" or "shape" (the ``pairing`` of its rows)
     idle: frozenset[int] = frozenset()  # ``id`` of the calls found to compute nothing
-    # (id of A's call, id of B's call) of the pairs whose inputs are not compared (tree.OUTPUTS_ONLY)
-    outputs_only: frozenset[tuple[int, int]] = frozenset()
     gaps_a: dict[str, tuple[str, ...]] = field(default_factory=dict)  # see unrecorded.find_unrecorded
     gaps_b: dict[str, tuple[str, ...]] = field(default_factory=dict)
     # every call of each trace (``Trace.nodes()``), listed once for all the steps of an alignment
     nodes_a: list[Node] = field(default_factory=list, repr=False, compare=False)
     nodes_b: list[Node] = field(default_factory=list, repr=False, compare=False)
 
-    def count(self, method: str) -> int:
-        return sum(m == method for m in self.methods)
+    @property
+    def pairs(self) -> tuple[tuple[Node, Node], ...]:
+        """The paired calls, A's then B's."""
+        return tuple((call.node_a, call.node_b) for call in self.calls)
+
+    @property
+    def outputs_only(self) -> frozenset[tuple[int, int]]:
+        """(id of A's call, id of B's call) of the pairs whose inputs are not compared (:attr:`CallPair.outputs_only`;
+        for readers that look pairs of calls up by identity)."""
+        return frozenset((id(call.node_a), id(call.node_b)) for call in self.calls if call.outputs_only)
+
+    def count(self, method: MatchedBy) -> int:
+        return sum(call.matched_by is method for call in self.calls)
 
 
 def match_nodes(a: Trace, b: Trace, rename: RenameRules, match: str = "auto") -> Matching:
@@ -69,7 +77,7 @@ def match_nodes(a: Trace, b: Trace, rename: RenameRules, match: str = "auto") ->
     methods: list[str] = []
     evidence: list[str] = []
     idle: frozenset[int] = frozenset()
-    outputs_only: frozenset[tuple[int, int]] = frozenset()
+    aside: list[bool] = []  # per pair: compared on its outputs only
     if match == "name":
         by_key = {(node.phase, node.relative_path, node.call_index): node for node in nodes_b}  # Node.key
         for node in nodes_a:
@@ -83,8 +91,7 @@ def match_nodes(a: Trace, b: Trace, rename: RenameRules, match: str = "auto") ->
         tree = TreePairing(Values(a, b), list(rename), use_names=match != "structure")
         tree.run([r for r in a.roots if r.phase == "forward"], [r for r in b.roots if r.phase == "forward"])
         pairs = tree.pairs
-        outputs_only = frozenset((id(x), id(y)) for (x, y), how in zip(pairs, tree.evidence)
-                                 if how in (OUTPUTS_ONLY, HANDED_ON))
+        aside = [how in (OUTPUTS_ONLY, HANDED_ON) for how in tree.evidence]
         # a pair made on dataflow alone is reported as the weakest evidence: no value says it
         evidence = ["value" if how == OUTPUTS_ONLY else "shape" if how == HANDED_ON else how for how in tree.evidence]
         methods = [how if how in ("name", "map") else "structure" for how in evidence]
@@ -112,13 +119,12 @@ def match_nodes(a: Trace, b: Trace, rename: RenameRules, match: str = "auto") ->
     structural = match == "structure" or (named == 0 and any(m == "structure" for m in methods))
     in_b = [(y.phase != "forward", y.enter_order) for _, y in pairs]  # forward calls first, in B's call order
     order = sorted(range(len(pairs)), key=in_b.__getitem__)
+    aside += [False] * (len(pairs) - len(aside))  # calls paired later (the map across, backward) compare inputs
     return Matching(
-        pairs=tuple(pairs[i] for i in order),
+        calls=tuple(CallPair(*pairs[i], MatchedBy(methods[i]), Evidence(evidence[i]), aside[i]) for i in order),
         unmatched_a=() if complete else tuple(n for n in nodes_a if id(n) not in paired_a and not explained_a(n)),
         unmatched_b=() if complete else tuple(n for n in nodes_b if id(n) not in paired_b and not explained_b(n)),
-        structural=structural,
-        methods=tuple(methods[i] for i in order),
-        evidence=tuple(evidence[i] for i in order), idle=idle, outputs_only=outputs_only,
+        structural=structural, idle=idle,
         gaps_a=gaps_a, gaps_b=gaps_b, nodes_a=nodes_a, nodes_b=nodes_b,
     )
 

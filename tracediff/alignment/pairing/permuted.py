@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Container, Sequence
+from collections.abc import Sequence
 
 from ...trace.graph_scopes import GRAPH_BLOCK
 from ...trace.load import Trace
 from ...trace.model import Node, TensorRecord
-from ..result import Job, TensorComparison
+from ...trace.vocabulary import GraphVocabulary
+from ..pair import MatchedBy, Pair
+from ..result import TensorComparison
 from .evidence import Values
 from .layout import RelativeError, Transform, _load, any_instance
 
@@ -32,8 +34,10 @@ _FITS = 2e-2
 # a pair correlated this well as recorded is in the same order: rotary partners swapped leave a pcc near that
 # of two unrelated features (q_proj's, about 0), and a port's noise leaves it above 0.9999
 _CORRELATED = 0.999
+# pairs whose rows are searched for another order even when they fit or correlate as recorded: those whose calls
+# a map, structure, layout or an output paired (what the rows of pairs not found by name have always been)
+_SEARCHED = frozenset({MatchedBy.MAP, MatchedBy.STRUCTURE, MatchedBy.LAYOUT, MatchedBy.OUTPUT})
 _SAMPLE = 1 << 14  # elements of the first rows every order is tried on before the whole tensor
-_VIEWS = frozenset({"RESHAPE", "VIEW", "PERMUTE", "TRANSPOSE", "CONT", "CPY"})  # ggml ops that move no value
 
 
 def pair_orders(shape: tuple[int, ...]) -> list[Transform]:
@@ -53,24 +57,23 @@ def pair_orders(shape: tuple[int, ...]) -> list[Transform]:
     return out
 
 
-def _family(job: Job) -> tuple[str, str, str, str]:
+def _family(pair: Pair) -> tuple[str, str, str, str]:
     """The same tensor of every instance of a repeated structure (layer numbers left out)."""
-    node_a, record_a, node_b, record_b = job
-    return any_instance(node_a.relative_path), any_instance(node_b.relative_path), record_a.slot, record_b.slot
+    return (any_instance(pair.node_a.relative_path), any_instance(pair.node_b.relative_path), pair.record_a.slot,
+            pair.record_b.slot)
 
 
-def decide_orders(rows: Sequence[TensorComparison], jobs: Sequence[Job], trace_a: Trace, trace_b: Trace,
-                  values: Values, transformed: Container[tuple[int, int]] = (),
-                  pcc: Sequence[float | None] = ()) -> dict[int, Transform]:
+def decide_orders(rows: Sequence[TensorComparison], pairs: Sequence[Pair], trace_a: Trace, trace_b: Trace,
+                  values: Values, pcc: Sequence[float | None] = ()) -> dict[int, Transform]:
     """Row index -> the order to compare it under, for the rows of every family where an order was decided.
 
-    ``transformed`` holds ``(id(ra), id(rb))`` of the pairs compared through a layout transform: their rows
-    do not tell how the tensors compare as recorded. ``pcc[i]``, when known, is row i's correlation as
-    recorded (from its comparison): a pair correlated that well is not read again to try other orders."""
+    Only the rows of pairs found by name, dataflow or value tell how their tensors compare as recorded
+    (``_SEARCHED``). ``pcc[i]``, when known, is row i's correlation as recorded (from its comparison): a pair
+    correlated that well is not read again to try other orders."""
     fitting: dict[int, Transform] = {}
-    for i, (row, job) in enumerate(zip(rows, jobs)):
-        _, ra, _, rb = job
-        as_recorded = (id(ra), id(rb)) not in transformed
+    for i, (row, pair) in enumerate(zip(rows, pairs)):
+        ra, rb = pair.record_a, pair.record_b
+        as_recorded = pair.matched_by not in _SEARCHED
         if row.within_tolerance is False and ra.slot.startswith("outputs") and ra.shape is not None \
                 and rb.shape is not None and _squeezed(ra.shape) == _squeezed(rb.shape) \
                 and not (as_recorded and _fits_as_recorded(row, rb) is True) \
@@ -81,13 +84,14 @@ def decide_orders(rows: Sequence[TensorComparison], jobs: Sequence[Job], trace_a
                 fitting[i] = found
     # a graph node (llama.cpp's Vcur) is rotary-permuted only if a rotary op reads it: the same order on a tensor
     # no rotary op reads is a mistake, not a layout (the q/k permutation applied to v)
-    fitting = {i: order for i, order in fitting.items() if feeds_rotary(jobs[i][2])}
+    vocabulary = trace_b.graph
+    fitting = {i: order for i, order in fitting.items() if feeds_rotary(pairs[i].node_b, vocabulary)}
     if not fitting:
         return {}
-    witnessed = _witnessed(rows, jobs)
+    witnessed = _witnessed(rows, pairs)
     families: dict[tuple[str, str, str, str], list[int]] = {}
-    for i, job in enumerate(jobs):
-        families.setdefault(_family(job), []).append(i)
+    for i, pair in enumerate(pairs):
+        families.setdefault(_family(pair), []).append(i)
     decided: dict[int, Transform] = {}
     for members in families.values():
         if not any(i in fitting for i in members):
@@ -144,12 +148,14 @@ def _fitting_order(trace_a: Trace, ra: TensorRecord, trace_b: Trace, rb: TensorR
     return best
 
 
-def feeds_rotary(node: Node) -> bool:
-    """False for a node of a graph block whose output no rotary op (``ROPE``) reads, through views and
-    reshapes; True for every other node (module calls do not say which op reads them)."""
+def feeds_rotary(node: Node, vocabulary: GraphVocabulary | None) -> bool:
+    """False for a node of a graph block whose output no rotary op of its runtime's ``vocabulary`` reads,
+    through its views; True for every other node (module calls do not say which op reads them)."""
     block = node.parent
     if block is None or block.module_type != GRAPH_BLOCK:
         return True
+    if vocabulary is None:  # a runtime that declared no ops: none is known to rotate
+        return False
     readers: dict[str, list[Node]] = {}
     for sibling in block.children:
         for record in sibling.inputs():
@@ -160,10 +166,9 @@ def feeds_rotary(node: Node) -> bool:
         current = frontier.pop()
         for record in current.outputs():
             for reader in readers.get(record.payload or "", []):
-                op = (reader.module_type or "").upper()
-                if "ROPE" in op:
+                if vocabulary.is_rotary(reader.module_type):
                     return True
-                if id(reader) not in seen and op in _VIEWS:
+                if id(reader) not in seen and vocabulary.is_view(reader.module_type):
                     seen.add(id(reader))
                     frontier.append(reader)
     return False
@@ -173,15 +178,16 @@ def _squeezed(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(n for n in shape if n != 1)
 
 
-def _witnessed(rows: Sequence[TensorComparison], jobs: Sequence[Job]) -> set[int]:
+def _witnessed(rows: Sequence[TensorComparison], pairs: Sequence[Pair]) -> set[int]:
     """Rows whose nearest enclosing compared call (in B) has every output within tolerance."""
-    outputs_ok: dict[int, bool] = {}
-    for row, (_, ra, node_b, _) in zip(rows, jobs):
-        if ra.slot.startswith("outputs"):
-            outputs_ok[id(node_b)] = outputs_ok.get(id(node_b), True) and row.within_tolerance is True
+    outputs_ok: dict[int, bool] = {}  # id of B's call -> all its output rows within tolerance
+    for row, pair in zip(rows, pairs):
+        if pair.record_a.slot.startswith("outputs"):
+            key = id(pair.node_b)
+            outputs_ok[key] = outputs_ok.get(key, True) and row.within_tolerance is True
     out = set()
-    for i, (_, _, node_b, _) in enumerate(jobs):
-        parent: Node | None = node_b.parent
+    for i, pair in enumerate(pairs):
+        parent: Node | None = pair.node_b.parent
         while parent is not None and id(parent) not in outputs_ok:
             parent = parent.parent
         if parent is not None and outputs_ok[id(parent)]:

@@ -17,31 +17,32 @@ likely site, with the evidence.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from ...trace.model import Node, TensorRecord
-from ..result import Job, LikelySource, TensorComparison
+from ..pair import Pair
+from ..result import LikelySource, TensorComparison
 
 
 @dataclass(frozen=True)
 class Produced:
-    """B's ``record`` of ``node`` (unpaired) is the value of ``job``'s B record."""
+    """B's ``record`` of ``node`` (unpaired) is the value of ``pair``'s B record."""
 
-    job: Job
+    pair: Pair
     node: Node
     record: TensorRecord
 
 
-def find_producers(jobs: list[Job], unpaired_b: set[int]) -> Iterator[Produced]:
-    """For each job pairing an output, the innermost unpaired call of B below it that returned that output."""
-    for job in jobs:
-        _, _, node_b, record_b = job
+def find_producers(pairs: list[Pair], unpaired_b: set[int]) -> Iterator[Produced]:
+    """For each pair of an output, the innermost unpaired call of B below it that returned that output."""
+    for pair in pairs:
+        node_b, record_b = pair.node_b, pair.record_b
         if node_b.op is not None or not any(record is record_b for record in node_b.outputs()):
             continue
         found = _innermost(node_b, record_b, unpaired_b)
         if found is not None:
-            yield Produced(job, *found)
+            yield Produced(pair, *found)
 
 
 def _innermost(parent: Node, value: TensorRecord, unpaired: set[int]) -> tuple[Node, TensorRecord] | None:
@@ -71,7 +72,7 @@ def _same_value(one: TensorRecord, other: TensorRecord) -> bool:
             and one.stats == other.stats and bool(one.stats.get("std")))
 
 
-def likely_source(first: TensorComparison, jobs: list[Job], unpaired_b: list[Node]) -> LikelySource | None:
+def likely_source(first: TensorComparison, pairs: Sequence[Pair], unpaired_b: list[Node]) -> LikelySource | None:
     """B's call with no partner whose outputs feed the first divergence, when there is one (issue 35).
 
     What feeds the first divergence: the diverging tensor itself when it is an input (it changed between recorded
@@ -82,12 +83,13 @@ def likely_source(first: TensorComparison, jobs: list[Job], unpaired_b: list[Nod
     partner reading ``rotary_embeddings``' tables), the search goes on there: the likely source is where the
     uncompared values start, and the evidence names every link. None when no such call feeds the first divergence.
     """
-    if first.order >= len(jobs):
+    if first.order >= len(pairs):
         return None
-    _, _, node_b, record_b = jobs[first.order]
+    node_b, record_b = pairs[first.order].node_b, pairs[first.order].record_b
     # compared before the first divergence, so within tolerance; a value compared only later vouches for nothing
-    compared = {id(job[3]) for job in jobs[:first.order]}
-    compared_payloads = {job[3].payload for job in jobs[:first.order] if job[3].payload is not None}
+    before = [pair.record_b for pair in pairs[:first.order]]
+    compared = {id(record) for record in before}
+    compared_payloads = {record.payload for record in before if record.payload is not None}
 
     def uncompared(node: Node) -> list[TensorRecord]:
         return [r for r in node.inputs() if id(r) not in compared

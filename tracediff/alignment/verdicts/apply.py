@@ -29,7 +29,7 @@ from ...compare.records import compare_records
 from ...errors import UsageError
 from ...globs import covers
 from ...trace.load import Trace
-from ..result import Job
+from ..pair import Pair
 from ..rows import RowDraft, add_note
 from .approximations import accept_approximations
 from .cut import accept_cut_elsewhere
@@ -54,6 +54,8 @@ class Verdicts:
     sources: tuple[int, ...]
     ignored: tuple[int, ...]
     warnings: tuple[str, ...]
+    #: what the report says before anything else: a side that computed in a lower precision than its tensors show
+    first_warnings: tuple[str, ...] = ()
 
 
 def check_ignore(patterns: Iterable[str] | str | None) -> tuple[tuple[str, str], ...]:
@@ -71,8 +73,8 @@ def check_ignore(patterns: Iterable[str] | str | None) -> tuple[tuple[str, str],
     return tuple(out)
 
 
-def _ignored_by(rules: tuple[tuple[str, str], ...], job: Job) -> str | None:
-    node_a, ra, node_b, rb = job
+def _ignored_by(rules: tuple[tuple[str, str], ...], pair: Pair) -> str | None:
+    node_a, ra, node_b, rb = pair.node_a, pair.record_a, pair.node_b, pair.record_b
     paths = (node_a.relative_path, node_b.relative_path, node_a.module_path, node_b.module_path)
     for path, slot in rules:
         on_path = any(covers(path, p) for p in paths)
@@ -81,19 +83,20 @@ def _ignored_by(rules: tuple[tuple[str, str], ...], job: Job) -> str | None:
     return None
 
 
-def judge(rows: Sequence[RowDraft], jobs: Sequence[Job], trace_a: Trace, *, baseline: Trace | None,
+def judge(rows: Sequence[RowDraft], pairs: Sequence[Pair], trace_a: Trace, *, baseline: Trace | None,
           noise_factor: float, ignore: tuple[tuple[str, str], ...], run: Runner, sharded: bool = False,
           trace_b: Trace | None = None) -> Verdicts:
     """Apply the noise rules, set ignored rows aside and find the sources, deciding the drafts in place
-    (``rows[i]`` is ``jobs[i]``'s row; ``sharded``: a side is a multi-rank trace; ``trace_b``: B's trace,
+    (``rows[i]`` is ``pairs[i]``'s row; ``sharded``: a side is a multi-rank trace; ``trace_b``: B's trace,
     read for the runtime approximations it records)."""
     warnings: list[str] = []
+    first: list[str] = []
     if baseline is not None:
         records = baseline_records(baseline)
 
         def floor_fields(index: int) -> Measurement | None:
-            node_a, ra, _, _ = jobs[index]
-            rn = counterpart(records, node_a, ra)
+            ra = pairs[index].record_a
+            rn = counterpart(records, pairs[index].node_a, ra)
             if rn is None:
                 return None
             return compare_records(trace_a, ra, baseline, rn, atol=rows[index].atol, rtol=rows[index].rtol)
@@ -106,25 +109,29 @@ def judge(rows: Sequence[RowDraft], jobs: Sequence[Job], trace_a: Trace, *, base
             warnings.append(f"{missing} of {len(rows)} compared tensors have no counterpart in the baseline "
                             "(or it could not be measured): they were judged by the ordinary tolerance")
     else:
-        for row, job in zip(rows, jobs):
+        computed = (trace_a.compute_dtype, trace_b.compute_dtype if trace_b is not None else None)
+        for row, pair in zip(rows, pairs):
             if row.within_tolerance is False:  # row.diverged
-                accept_by_relative_norm(row, job[1])
-        warning = dtype_warning(rows)
-        if warning:
+                accept_by_relative_norm(row, pair.record_a, computed)
+        warning = dtype_warning(rows, computed)
+        if warning and any(computed):
+            first.append(warning)
+        elif warning:
             warnings.append(warning)
 
-    cuts = accept_cut_elsewhere(rows, jobs, sharded=sharded)
-    approximated = accept_approximations(rows, jobs, trace_a, None if sharded else trace_b)
+    cuts = accept_cut_elsewhere(rows, pairs, sharded=sharded)
+    approximated = accept_approximations(rows, pairs, trace_a, None if sharded else trace_b)
     if approximated.warning:
         warnings.append(approximated.warning)
-    matched = [_ignored_by(ignore, job) for job in jobs] if ignore else [None] * len(jobs)
+    matched = [_ignored_by(ignore, pair) for pair in pairs] if ignore else [None] * len(pairs)
     used = {m for m in matched if m}
     for path, slot in ignore:
         label = f"{path}:{slot}" if slot != "*" else path
         if label not in used:
             warnings.append(f"--ignore pattern {label!r} matches no compared tensor")
 
-    flags = find_sources(rows, [job[2] for job in jobs], [job[1] for job in jobs], noise_factor=noise_factor,
+    flags = find_sources(rows, [pair.node_b for pair in pairs], [pair.record_a for pair in pairs],
+                         noise_factor=noise_factor,
                          never_source=[m is not None for m in matched],
                          explained=[index in cuts for index in range(len(rows))],
                          approximated=[index in approximated.rows for index in range(len(rows))])
@@ -137,4 +144,5 @@ def judge(rows: Sequence[RowDraft], jobs: Sequence[Job], trace_a: Trace, *, base
             kept.append(index)
             if flag:
                 sources.append(index)
-    return Verdicts(kept=tuple(kept), sources=tuple(sources), ignored=tuple(ignored), warnings=tuple(warnings))
+    return Verdicts(kept=tuple(kept), sources=tuple(sources), ignored=tuple(ignored), warnings=tuple(warnings),
+                    first_warnings=tuple(first))

@@ -1,6 +1,8 @@
 """A runtime's known approximations, read from B's trace: rows within what that rounding can do are no divergence.
 
-ggml's CPU kernels round on purpose in two places the trace records, each a node with its inputs:
+A graph runtime's vocabulary (the trace metadata's ``graph``, :mod:`tracediff.trace.vocabulary`) names the ops
+whose kernels round on purpose; tracediff bounds these. ggml's CPU kernels round in two places the trace
+records, each a node with its inputs:
 
 * flash attention (llama.cpp's default ``auto`` picks it on CPU): ``FLASH_ATTN_EXT`` with K and V in float16
   (the F16 cache, or the float16 copies ggml makes of an F32 cache's views, recorded with their dtype);
@@ -8,11 +10,11 @@ ggml's CPU kernels round on purpose in two places the trace records, each a node
 
 The node's own inputs bound what that rounding can change at its output
 (:mod:`tracediff.compare.approximations`, derived from the rounding). A row whose B tensor is that output,
-or the same values reshaped (``RESHAPE``/``CONT``), and whose error is within its ordinary tolerance plus
-that bound at every element, is accepted: ``close``, its reason naming the node, the bound and where it came
-from. The rows its error is carried into are accepted as inherited from it
-(:func:`tracediff.alignment.verdicts.sources.find_sources`' ``approximated``); a mistake makes an error the
-bound does not allow, or a new source after it, and is still named at its module.
+or the same values reshaped (the vocabulary's ``same_values``: ggml's ``RESHAPE``, ``CONT``), and whose
+error is within its ordinary tolerance plus that bound at every element, is accepted: ``close``, its reason
+naming the node, the bound and where it came from. The rows its error is carried into are accepted as
+inherited from it (:func:`tracediff.alignment.verdicts.sources.find_sources`' ``approximated``); a mistake makes an
+error the bound does not allow, or a new source after it, and is still named at its module.
 """
 
 from __future__ import annotations
@@ -27,10 +29,10 @@ from ...compare.approximations import flash_attention_bound, geglu_bound, gelu_t
 from ...errors import TracediffError
 from ...trace.load import Trace
 from ...trace.model import Node, TensorRecord
-from ..result import Job
+from ...trace.vocabulary import GraphVocabulary
+from ..pair import Pair
 from ..rows import RowDraft
 
-SAME_VALUES = ("RESHAPE", "CONT")  # ggml ops that keep the values in their order (torch's order of the payload)
 HALF = "torch.float16"
 FLASH = "flash attention rounding (Q, K and V in float16, float16 accumulation)"
 GELU = "GELU float16 table (GGML_GELU_FP16)"
@@ -58,8 +60,11 @@ def _gelu(node: Node, values: list[np.ndarray]) -> np.ndarray | None:
     return gelu_table_bound(values[0]) if len(values) == 1 else None
 
 
+#: Each approximation a graph vocabulary may name (tracediff.trace.vocabulary.APPROXIMATIONS): what it is, and
+#: the bound of its rounding from the node's inputs.
 BOUNDS: dict[str, tuple[str, Callable[[Node, list[np.ndarray]], np.ndarray | None]]] = {
-    "FLASH_ATTN_EXT": (FLASH, _flash), "GEGLU": (GELU, _geglu), "GELU": (GELU, _gelu)}
+    "ggml_flash_attention_f16": (FLASH, _flash), "ggml_geglu_f16_table": (GELU, _geglu),
+    "ggml_gelu_f16_table": (GELU, _gelu)}
 
 
 @dataclass(frozen=True)
@@ -70,42 +75,53 @@ class Approximated:
     warning: str | None
 
 
-def accept_approximations(rows: Sequence[RowDraft], jobs: Sequence[Job], trace_a: Trace,
+def accept_approximations(rows: Sequence[RowDraft], pairs: Sequence[Pair], trace_a: Trace,
                           trace_b: Trace | None) -> Approximated:
     """Accept each diverged row of a rounding node's output that the rounding's bound explains."""
     # a close port diverges nowhere: no walk of B's nodes then
     if trace_b is None or not any(row.within_tolerance is False for row in rows):
         return Approximated(frozenset(), None)
+    vocabulary = trace_b.graph
+    if vocabulary is None or not vocabulary.approximations:
+        return Approximated(frozenset(), None)
     producers = _producers(trace_b)
-    if not any(_is_ggml(node) for node in producers.values()):
+    if not any(_kind(node, vocabulary) for node in producers.values()):
         return Approximated(frozenset(), None)
     bounds: dict[int, np.ndarray | None] = {}
     accepted: dict[int, str] = {}
-    for index, (row, (_, ra, _, rb)) in enumerate(zip(rows, jobs)):
+    for index, (row, pair) in enumerate(zip(rows, pairs)):
+        ra, rb = pair.record_a, pair.record_b
         if row.within_tolerance is not False or row.transform is not None or rb.payload is None \
                 or ra.payload is None:
             continue
-        source = _rounding_source(rb.payload, producers)
+        source = _rounding_source(rb.payload, producers, vocabulary)
         if source is None:
             continue
         if id(source) not in bounds:
-            bounds[id(source)] = _bound(trace_b, source)
+            bounds[id(source)] = _bound(trace_b, source, vocabulary)
         bound = bounds[id(source)]
-        if bound is not None and _within(row, trace_a, ra, trace_b, rb, bound, source):
-            accepted[index] = BOUNDS[source.module_type or ""][0]
+        if bound is not None and _within(row, trace_a, ra, trace_b, rb, bound, source, vocabulary):
+            accepted[index] = BOUNDS[_kind(source, vocabulary) or ""][0]
     warning = None
     if accepted:
         kinds = "; ".join(f"{count} at its {kind}" for kind, count in Counter(accepted.values()).items())
-        warning = (f"{len(accepted)} compared tensor(s) within llama.cpp's own rounding ({kinds}): accepted within "
+        warning = (f"{len(accepted)} compared tensor(s) within {_runtime(trace_b)}'s own rounding ({kinds}): "
+                   "accepted within "
                    "a bound derived from that rounding from B's recorded inputs, and the rows their error flows "
                    "into as inherited (docs/verdicts.md, runtime approximations)")
     return Approximated(frozenset(accepted), warning)
 
 
-def _is_ggml(node: Node) -> bool:
-    """A rounding op of ggml's graph: its op name, and the ggml attributes only a ggml node records (a torch
-    module named ``GELU`` is another computation)."""
-    return node.module_type in BOUNDS and "ggml_type" in node.attributes
+def _kind(node: Node, vocabulary: GraphVocabulary) -> str | None:
+    """The approximation a graph node's op makes, as its runtime's vocabulary names it (a module call named
+    ``GELU`` is another computation: only graph nodes have ops)."""
+    kind = vocabulary.approximation(node.module_type) if node.graph else None
+    return kind if kind in BOUNDS else None
+
+
+def _runtime(trace: Trace) -> str:
+    framework = trace.metadata.get("framework")
+    return framework if isinstance(framework, str) and framework else "the runtime"
 
 
 def _producers(trace: Trace) -> dict[str, Node]:
@@ -118,22 +134,22 @@ def _producers(trace: Trace) -> dict[str, Node]:
     return out
 
 
-def _rounding_source(payload: str, producers: dict[str, Node]) -> Node | None:
+def _rounding_source(payload: str, producers: dict[str, Node], vocabulary: GraphVocabulary) -> Node | None:
     """The rounding node whose output ``payload`` is, directly or through value-keeping ops."""
     node = producers.get(payload)
     for _ in range(8):
         if node is None:
             return None
-        if _is_ggml(node):
+        if _kind(node, vocabulary):
             return node
         inputs = node.inputs()
-        if node.module_type not in SAME_VALUES or len(inputs) != 1 or inputs[0].payload is None:
+        if (node.module_type or "") not in vocabulary.same_values or len(inputs) != 1 or inputs[0].payload is None:
             return None
         node = producers.get(inputs[0].payload or "")
     return None
 
 
-def _bound(trace: Trace, node: Node) -> np.ndarray | None:
+def _bound(trace: Trace, node: Node, vocabulary: GraphVocabulary) -> np.ndarray | None:
     try:
         values = [np.asarray(trace.load_payload(record).values) for record in node.inputs()
                   if record.payload is not None]
@@ -141,7 +157,7 @@ def _bound(trace: Trace, node: Node) -> np.ndarray | None:
         return None
     if any(not np.isfinite(v).all() for v in values):
         return None
-    return BOUNDS[node.module_type or ""][1](node, values)
+    return BOUNDS[_kind(node, vocabulary) or ""][1](node, values)
 
 
 def _three_d(x: np.ndarray) -> np.ndarray | None:
@@ -151,7 +167,7 @@ def _three_d(x: np.ndarray) -> np.ndarray | None:
 
 
 def _within(row: RowDraft, trace_a: Trace, ra: TensorRecord, trace_b: Trace, rb: TensorRecord, bound: np.ndarray,
-            node: Node) -> bool:
+            node: Node, vocabulary: GraphVocabulary) -> bool:
     """Accept ``row`` when ``|a - b| <= atol + rtol |a| + bound`` at every element, saying so in its reason."""
     try:
         a = np.asarray(trace_a.load_payload(ra).values, dtype=np.float64)
@@ -167,7 +183,7 @@ def _within(row: RowDraft, trace_a: Trace, ra: TensorRecord, trace_b: Trace, rb:
         return False
     used = float((np.maximum(slack, 0) / np.where(allowed > 0, allowed, 1)).max())
     row.within_tolerance, row.status = True, "close"
-    row.reason = (f"within llama.cpp's {BOUNDS[node.module_type or ''][0]} at {node.module_path}: "
+    row.reason = (f"within {_runtime(trace_b)}'s {BOUNDS[_kind(node, vocabulary) or ''][0]} at {node.module_path}: "
                   f"max_abs_err={float(error.max()):.3g}, beyond the tolerance by at most {used:.2f} of the bound "
                   f"derived from that rounding (largest {float(allowed.max()):.3g}, from B's recorded inputs; "
                   "docs/verdicts.md)")

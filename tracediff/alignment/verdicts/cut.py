@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ..result import Job
+from ..pair import Pair
 from ..rows import RowDraft
 
 
-def accept_cut_elsewhere(rows: Sequence[RowDraft], jobs: Sequence[Job], *, sharded: bool = False) -> set[int]:
+def accept_cut_elsewhere(rows: Sequence[RowDraft], pairs: Sequence[Pair], *, sharded: bool = False) -> set[int]:
     """Accept each diverged output row whose value one side passes on unchanged to an input that agrees;
     returns the rows accepted.
 
@@ -33,20 +33,21 @@ def accept_cut_elsewhere(rows: Sequence[RowDraft], jobs: Sequence[Job], *, shard
     # pass changes output rows alone, so the index stays true while it runs)
     by_a: dict[str, list[int]] = {}
     by_b: dict[str, list[int]] = {}
-    for later, (_, la, _, lb) in enumerate(jobs):
+    for later, pair in enumerate(pairs):
+        la, lb = pair.record_a, pair.record_b
         if rows[later].within_tolerance is True and la.slot.startswith("inputs"):
             if la.payload is not None:
                 by_a.setdefault(la.payload, []).append(later)
             if lb.payload is not None:
                 by_b.setdefault(lb.payload, []).append(later)
     for index, row in enumerate(rows):
-        _, ra, _, rb = jobs[index]
+        ra, rb = pairs[index].record_a, pairs[index].record_b
         if row.within_tolerance is not False or not ra.slot.startswith("outputs") or row.transform is not None:
             continue
         candidates = set(by_a.get(ra.payload, ()) if ra.payload is not None else ()) | set(
             by_b.get(rb.payload, ()) if rb.payload is not None else ())
         for later in sorted(candidates):
-            _, la, lnode_b, lb = jobs[later]
+            la, lnode_b, lb = pairs[later].record_a, pairs[later].node_b, pairs[later].record_b
             flows_a = la.payload is not None and la.payload == ra.payload and lb.payload != rb.payload
             flows_b = lb.payload is not None and lb.payload == rb.payload and la.payload != ra.payload
             if flows_a or flows_b:

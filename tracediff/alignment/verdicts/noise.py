@@ -32,6 +32,8 @@ from collections import Counter
 from collections.abc import Iterable, Sequence
 
 from ...compare.measurement import Measurement
+from ...compare.relative import relative_of
+from ...compare.tolerance import computed_dtype
 from ...trace.load import Trace
 from ...trace.model import Node, TensorRecord
 from ..result import TensorComparison
@@ -88,16 +90,21 @@ def rms_of(record: TensorRecord) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def accept_by_relative_norm(row: RowDraft, ra: TensorRecord) -> None:
-    """The cross-dtype rule without a baseline: ``rms_err <= rtol * rms(a)`` accepts a diverged draft."""
-    if not row.diverged or row.dtype_a == row.dtype_b or _beyond_any_tolerance(row):
+def accept_by_relative_norm(row: RowDraft, ra: TensorRecord, computed: Computed = (None, None)) -> None:
+    """The cross-dtype rule without a baseline: ``rms_err <= rtol * rms(a)`` accepts a diverged draft.
+
+    ``computed``: the dtype each side computed in where its tensors do not show it (``Trace.compute_dtype``): a
+    float32 tensor that a runtime computed in bfloat16 is a bfloat16 side."""
+    dtypes = computed_dtype(row.dtype_a, computed[0]), computed_dtype(row.dtype_b, computed[1])
+    if not row.diverged or dtypes[0] == dtypes[1] or _beyond_any_tolerance(row):
         return
     if not _is_float(row.dtype_a) or not _is_float(row.dtype_b) or math.isnan(row.rms_err):
         return
     rms = rms_of(ra)
     if rms is None or rms == 0 or row.rms_err > row.rtol * rms:
         return
-    _accept(row, f"accepted across dtypes: relative RMS error {row.rms_err / rms:.3g} <= rtol {row.rtol:.3g} "
+    _accept(row, f"accepted across dtypes: relative RMS error {relative_of(row.rms_err, rms):.3g} <= rtol "
+                 f"{row.rtol:.3g} "
                  f"({row.mismatch_fraction:.1%} of elements beyond the elementwise tolerance)")
 
 
@@ -116,6 +123,9 @@ def _is_float(dtype: str | None) -> bool:
     return name.startswith(("float", "bfloat"))
 
 
+Computed = tuple[str | None, str | None]  # the dtype A and B computed in, where their tensors do not show it
+
+
 def main_float_dtype(records: Iterable[str | None]) -> str | None:
     """The most frequent floating dtype among the dtypes of a trace's compared records."""
     counts = Counter(records)  # counted first: a trace has a handful of distinct dtypes and a row per tensor
@@ -123,13 +133,24 @@ def main_float_dtype(records: Iterable[str | None]) -> str | None:
     return floats.most_common(1)[0][0] if floats else None
 
 
-def dtype_warning(rows: Sequence[TensorComparison]) -> str | None:
-    """The warning for a cross-dtype comparison without a baseline, or None when the dtypes agree."""
-    dtype_a = main_float_dtype(r.dtype_a for r in rows)
-    dtype_b = main_float_dtype(r.dtype_b for r in rows)
+def dtype_warning(rows: Sequence[TensorComparison], computed: Computed = (None, None)) -> str | None:
+    """The warning for a cross-dtype comparison without a baseline, or None when the dtypes agree. A side that
+    computed in another dtype than its tensors show (``computed``, from its metadata) is said first."""
+    stored_a = main_float_dtype(r.dtype_a for r in rows)
+    stored_b = main_float_dtype(r.dtype_b for r in rows)
+    dtype_a, dtype_b = computed_dtype(stored_a, computed[0]), computed_dtype(stored_b, computed[1])
     if dtype_a is None or dtype_b is None or dtype_a == dtype_b:
         return None
     short_b = dtype_b.removeprefix("torch.")
+    for side, stored, dtype in (("B", stored_b, dtype_b), ("A", stored_a, dtype_a)):
+        if stored != dtype and dtype is not None and stored is not None:
+            short, other = dtype.removeprefix("torch."), (dtype_a if side == "B" else dtype_b) or ""
+            return (f"{side} computed in {short} (its runtime's precision, the trace metadata's compute_dtype), "
+                    f"though its tensors are {stored.removeprefix('torch.')}; the other side computed in "
+                    f"{other.removeprefix('torch.')}: judged at {short}'s tolerance, rounding noise is counted as "
+                    "error, so precision noise and a real bug can look alike. For a verdict against noise, capture "
+                    f"the reference in {short} and pass it as the baseline: tracediff capture SPEC --out "
+                    f"ref-{short} --dtype {short}; tracediff align A B --baseline ref-{short}")
     return (f"A is {dtype_a.removeprefix('torch.')} and B is {short_b}: rounding noise is counted as error, "
             "so precision noise and a real bug can look alike. For a verdict against noise, capture the "
             f"reference in B's dtype and pass it as the baseline: tracediff capture SPEC --out ref-{short_b} "

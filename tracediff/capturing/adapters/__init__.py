@@ -21,29 +21,48 @@ chosen. The contract is in :mod:`.base`; docs/frameworks.md says how to add a ru
 from __future__ import annotations
 
 import threading
+from importlib import import_module
 from pathlib import Path
 from typing import Any
 
 from ...errors import UsageError
-from .base import GATED_OPTIONS, Adapter, AdapterBase, Installed, Recorder, check_options
+from .base import GATED_OPTIONS, Adapter, AdapterBase, Installed, Recorder, RuntimeOption, check_options
 
-__all__ = ["Adapter", "AdapterBase", "Installed", "Recorder", "GATED_OPTIONS", "adapter_for", "adapter_for_path",
-           "adapters", "array_adapter", "check_options", "find_adapter", "known_models", "register_adapter",
-           "unregister_adapter"]
+__all__ = ["Adapter", "AdapterBase", "Installed", "Recorder", "RuntimeOption", "GATED_OPTIONS", "adapter_for",
+           "adapter_for_path", "adapters", "array_adapter", "check_options", "file_adapters", "find_adapter",
+           "known_models", "register_adapter", "unregister_adapter"]
 
-_REQUIRED = ("framework", "models", "supported_options", "recognises", "version", "install", "host", "metadata",
-             "measure", "is_array", "from_host", "prepare", "opens", "load", "run_inputs")
+_REQUIRED = ("framework", "models", "supported_options", "graph", "file_kind", "options", "recognises", "version",
+             "install", "host", "metadata", "measure", "is_array", "from_host", "prepare", "opens", "load",
+             "check_inputs", "check_run", "run_inputs")
 _registered: list[Adapter] = []
 _lock = threading.Lock()
 
 
+#: The built-in runtimes whose models are files, by module and class: the command line reads their declared
+#: options (``file_kind``, ``options``) without importing torch, so these modules import their runtimes lazily.
+_FILE_RUNTIMES = (("llama_cpp", "LlamaCppAdapter"),)
+
+
 def _builtin() -> list[Adapter]:
     from .jax import NnxAdapter
-    from .llama_cpp import LlamaCppAdapter
     from .mlx import MlxAdapter
     from .torch import TorchAdapter
 
-    return [TorchAdapter(), MlxAdapter(), NnxAdapter(), LlamaCppAdapter()]
+    return [TorchAdapter(), MlxAdapter(), NnxAdapter(), *_builtin_files()]
+
+
+def _builtin_files() -> list[Adapter]:
+    return [getattr(import_module(f".{module}", __name__), name)() for module, name in _FILE_RUNTIMES]
+
+
+def file_adapters() -> list[Adapter]:
+    """The registered adapters, latest first, then the built-in ones whose models are files: those a file's
+    path is offered to (:func:`adapter_for_path`), and whose declared options the command line takes. Imports
+    no torch unless a registered adapter did."""
+    with _lock:
+        registered = list(reversed(_registered))
+    return [*registered, *_builtin_files()]
 
 
 def register_adapter(adapter: Adapter) -> None:
@@ -105,4 +124,4 @@ def known_models() -> str:
 
 def adapter_for_path(path: Path) -> Adapter | None:
     """The adapter whose models are files like ``path`` (``model.gguf``), or None."""
-    return next((adapter for adapter in adapters() if adapter.opens(path)), None)
+    return next((adapter for adapter in file_adapters() if adapter.opens(path)), None)

@@ -16,6 +16,16 @@ one, once (:func:`tracediff.capturing.adapters.adapter_for`), and from then on t
 * ``host(value)``: the runtime's arrays, nested in lists, tuples and dicts too, as host arrays or CPU tensors.
 * ``metadata(model)``: what it adds to ``tracediff_metadata.json`` (keys of ``ADAPTER_METADATA``).
 
+A graph runtime also declares, as data, what the rest of tracediff needs to know of it, so that adding one
+touches no file outside ``capturing/adapters/``:
+
+* ``graph``: its :class:`tracediff.trace.vocabulary.GraphVocabulary` (scope syntax; view, same-value and
+  rotary ops; the approximations its kernels make), written into every trace it captures;
+* ``file_kind`` and ``options``: for a runtime whose models are files, how ``tracediff capture --help``
+  names them (``"a GGUF file (llama.cpp)"``) and its load options as :class:`RuntimeOption` (each one
+  flag, ``--kv-cache-type``, and one key of ``load``'s options, ``kv_cache_type``). The CLI builds its
+  option groups from them, and refuses an option given for another runtime's file.
+
 ``AdapterBase`` gives the optional parts defaults (a model that is not a file, no inputs of its own kind,
 no dtype or device changes); a runtime's adapter subclasses it and overrides what it has.
 """
@@ -23,10 +33,12 @@ no dtype or device changes); a runtime's adapter subclasses it and overrides wha
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from ...errors import UsageError
+from ...trace.vocabulary import GraphVocabulary
 from ..graph import GraphNodeSink
 from ..observer import CallObserver
 
@@ -39,7 +51,24 @@ GATED_OPTIONS: dict[str, Any] = {
     "steps": None, "teacher_forcing": None, "compiled": "modules",
 }
 #: The metadata keys an adapter may fill (``framework`` and ``framework_version`` come from the adapter itself).
-ADAPTER_METADATA = frozenset({"forward_parameters", "model_class", "runtime"})
+ADAPTER_METADATA = frozenset({"forward_parameters", "model_class", "runtime", "compute_dtype"})
+
+
+@dataclass(frozen=True)
+class RuntimeOption:
+    """One load option of a runtime whose models are files: the flag ``--{name with dashes}`` and the key
+    ``name`` of ``load``'s options. ``kind``: ``"str"`` (one of ``choices`` when given), ``"int"`` (at least 1)
+    or ``"path"`` (a file beside the model, such as ExecuTorch's ETRecord)."""
+
+    name: str
+    help: str
+    choices: tuple[str, ...] | None = None
+    kind: Literal["str", "int", "path"] = "str"
+    metavar: str | None = None
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
 
 
 class Recorder(GraphNodeSink, Protocol):
@@ -66,6 +95,9 @@ class Adapter(Protocol):
     framework: str
     models: str
     supported_options: frozenset[str]
+    graph: GraphVocabulary | None
+    file_kind: str
+    options: tuple[RuntimeOption, ...]
 
     def recognises(self, model: Any) -> bool: ...
 
@@ -90,7 +122,7 @@ class Adapter(Protocol):
 
     def opens(self, path: Path) -> bool: ...
 
-    def load(self, path: Path, options: Mapping[str, Any]) -> Any: ...
+    def load(self, source: Any, options: Mapping[str, Any]) -> Any: ...
 
     def check_inputs(self, inputs: Mapping[str, Any], source: str = "inputs") -> None: ...
 
@@ -105,6 +137,9 @@ class AdapterBase:
     framework = ""
     models = ""
     supported_options: frozenset[str] = frozenset()
+    graph: GraphVocabulary | None = None  # a module runtime's calls say what they are
+    file_kind = ""  # no file is a model
+    options: tuple[RuntimeOption, ...] = ()
 
     def measure(self) -> Callable[..., dict[str, Any]] | None:
         """The statistics of a host tensor (``numpy_stats``: the runtime's own threads are not joined by
@@ -134,8 +169,12 @@ class AdapterBase:
         """True when the model is the file ``path`` (a ``.gguf``); default: no file is a model."""
         return False
 
-    def load(self, path: Path, options: Mapping[str, Any]) -> Any:
-        raise UsageError(f"{path}: {self.models} models are not loaded from a file")
+    def load(self, source: Any, options: Mapping[str, Any]) -> Any:
+        """The model to capture, from a file's ``Path`` or a model object of this runtime (``source``), under the
+        checked ``options`` (keys of ``options`` declared); default: a model object as it is, no file."""
+        if isinstance(source, Path):
+            raise UsageError(f"{source}: {self.models} models are not loaded from a file")
+        return source
 
     def check_inputs(self, inputs: Mapping[str, Any], source: str = "inputs") -> None:
         """UsageError, its message starting with ``source``, when a file's model could never run ``inputs``;
@@ -156,3 +195,29 @@ def check_options(adapter: Adapter, options: Mapping[str, Any]) -> None:
         if name not in adapter.supported_options and value not in (unused, False, None, (), [], 0, ""):
             raise UsageError(f"{name}={value!r} is not supported for {adapter.models} models: capture without it "
                              "(calls, inputs and outputs are recorded)")
+
+
+def check_runtime_options(adapter: Adapter, options: Mapping[str, Any]) -> dict[str, Any]:
+    """``options`` as ``adapter.load`` takes them, once checked against the options it declares: UsageError for
+    a name it does not declare, a value outside the choices, an ``int`` below 1 or a ``path`` that is not text.
+    A value of None is an option not given."""
+    declared = {option.name: option for option in adapter.options}
+    checked: dict[str, Any] = {}
+    for name, value in options.items():
+        if value is None:
+            continue
+        option = declared.get(name)
+        if option is None:
+            known = ", ".join(sorted(declared)) or "none"
+            raise UsageError(f"option {name!r} is not one of {adapter.models}'s (its options: {known})")
+        if option.kind == "int":
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise UsageError(f"{option.flag} {value!r}: expected a whole number of at least 1")
+        elif option.kind == "path":
+            if not isinstance(value, (str, Path)):
+                raise UsageError(f"{option.flag} {value!r}: expected a file's path")
+            value = Path(value)
+        elif not isinstance(value, str) or (option.choices is not None and value not in option.choices):
+            raise UsageError(f"{option.flag} {value!r}: expected one of {', '.join(option.choices or ())}")
+        checked[name] = value
+    return checked

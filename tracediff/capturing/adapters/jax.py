@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ...files.host import host_array, host_tensor
 from ..class_call import ClassCallPatch, HostCopies, module_paths, replace_arrays
 from ..observer import CallObserver
 from ..signatures import forward_parameters
@@ -51,10 +52,7 @@ def nnx_modules(model: Any) -> list[tuple[str, Any]]:
 
 def jax_host_copy(array: Any) -> torch.Tensor:
     """A concrete JAX array, waited for, as a CPU tensor (bfloat16 by its bits); raises for a tracer."""
-    values = np.asarray(array.block_until_ready())
-    if values.dtype.name == "bfloat16":  # ml_dtypes' bfloat16: its bits, read as torch's
-        return torch.from_numpy(values.view(np.uint16).astype(np.int16)).view(torch.bfloat16)
-    return torch.from_numpy(np.array(values))
+    return host_tensor(np.asarray(array.block_until_ready()), copy=True)  # ml_dtypes' bfloat16 by its bits
 
 
 class NnxCallPatch(ClassCallPatch):
@@ -83,7 +81,7 @@ def to_jax(tensor: torch.Tensor, like: Any = None) -> Any:
     jnp = sys.modules["jax.numpy"]
     host = tensor.detach().cpu().contiguous()
     if host.dtype == torch.bfloat16:
-        array = jnp.asarray(host.view(torch.int16).numpy().view(jnp.bfloat16))  # ml_dtypes' bfloat16
+        array = jnp.asarray(host_array(host).view(jnp.bfloat16))  # ml_dtypes' bfloat16
     else:
         array = jnp.asarray(host.numpy())
     return array.astype(like.dtype) if like is not None and hasattr(like, "dtype") else array

@@ -38,11 +38,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from ...errors import UsageError
 from ...files.confine import check_regular_file
-from .base import AdapterBase, Installed, Recorder
+from ...trace.vocabulary import GraphVocabulary
+from .base import AdapterBase, Installed, Recorder, RuntimeOption
 
 FRAMEWORK = "llama.cpp"
 INSTALL = 'pip install -c constraints.txt -e ".[llama]"'
@@ -51,6 +50,18 @@ KV_CACHE_TYPES = ("f32", "f16", "bf16", "q8_0")
 _GGML_TYPES = {"f32": 0, "f16": 1, "bf16": 30, "q8_0": 8}
 _FLASH_ATTN = {"auto": -1, "off": 0, "on": 1}
 _SCOPED = re.compile(r"^(?P<name>.+)-(?P<block>\d+)$")
+#: What ggml's ops mean to alignment (tracediff.trace.vocabulary), written into every trace this adapter captures.
+VOCABULARY = GraphVocabulary(
+    scopes="blocks", views=frozenset({"RESHAPE", "VIEW", "PERMUTE", "TRANSPOSE", "CONT", "CPY"}),
+    same_values=frozenset({"RESHAPE", "CONT"}), rotary=frozenset({"ROPE", "ROPE_BACK"}),
+    approximations={"FLASH_ATTN_EXT": "ggml_flash_attention_f16", "GELU": "ggml_gelu_f16_table",
+                    "GEGLU": "ggml_geglu_f16_table"})
+OPTIONS = (
+    RuntimeOption("kv_cache_type", choices=KV_CACHE_TYPES,
+                  help="type of the KV cache's K and V (default llama.cpp's f16; f32 for a cache that rounds nothing)"),
+    RuntimeOption("flash_attn", choices=tuple(_FLASH_ATTN), help="flash attention (default auto)"),
+    RuntimeOption("threads", kind="int", metavar="N", help="llama.cpp's threads (default llama-cpp-python's)"),
+)
 
 
 def split_name(raw: str) -> tuple[str, str | None, str | None]:
@@ -181,12 +192,9 @@ class GraphRecording:
             else:
                 sources.append(known)
         data = read_data(self._lib, tensor, node.shape)
-        if node.type_name.lower() == "bf16":
-            import torch
+        from ...files.host import host_tensor
 
-            output: Any = torch.from_numpy(data.view(np.int16)).view(torch.bfloat16)
-        else:
-            output = data
+        output: Any = host_tensor(data, bits_of="bfloat16") if node.type_name.lower() == "bf16" else data
         attributes: dict[str, Any] = {"ggml_name": node.name, "ggml_type": node.type_name, **node.attributes}
         if suffix:
             attributes["view"] = suffix
@@ -252,6 +260,9 @@ class LlamaCppAdapter(AdapterBase):
     framework = FRAMEWORK
     models = "llama.cpp"
     supported_options: frozenset[str] = frozenset()
+    graph = VOCABULARY
+    file_kind = "a GGUF file (llama.cpp: tracediff capture model.gguf --inputs FILE)"
+    options = OPTIONS
 
     def __init__(self) -> None:
         self._facts: dict[int, dict[str, Any]] = {}  # id(model) -> what the capture saw of it

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from ...errors import UsageError
+from ...files.host import host_array, host_tensor
 from ..class_call import ClassCallPatch, HostCopies, module_paths, replace_arrays
 from ..observer import CallObserver
 from ..signatures import forward_parameters
@@ -100,8 +101,8 @@ class HostArrays:
 
     def _copy(self, array: Any) -> torch.Tensor:
         if array.dtype == self._bfloat16:
-            return torch.from_numpy(np.array(array.view(self._uint16))).view(torch.bfloat16)
-        return torch.from_numpy(np.array(array))
+            return host_tensor(np.array(array.view(self._uint16)), bits_of="bfloat16")
+        return host_tensor(np.array(array))
 
 
 class MlxCallPatch(ClassCallPatch):
@@ -121,7 +122,7 @@ def to_mlx(value: Any, like: Any = None) -> Any:
     mx = sys.modules["mlx.core"]
     tensor = value.detach().cpu().contiguous()
     if tensor.dtype == torch.bfloat16:
-        array = mx.array(tensor.view(torch.int16).numpy()).view(mx.bfloat16)
+        array = mx.array(host_array(tensor)).view(mx.bfloat16)
     else:
         array = mx.array(tensor.numpy())
     return array.astype(like.dtype) if like is not None and hasattr(like, "dtype") else array

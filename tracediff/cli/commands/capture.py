@@ -78,15 +78,31 @@ def register(sub: Any) -> None:
                         "cores, else 0: written in the hook)")
     p.add_argument("--pool-mb", type=int, default=256, metavar="MB",
                    help="host memory for payloads waiting to be written (default 256; the forward waits when full)")
-    gguf = p.add_argument_group("a GGUF file as SPEC (llama.cpp: tracediff capture model.gguf --inputs FILE)")
-    gguf.add_argument("--kv-cache-type", choices=("f32", "f16", "bf16", "q8_0"),
-                      help="type of the KV cache's K and V (default llama.cpp's f16; f32 for a cache that "
-                           "rounds nothing)")
-    gguf.add_argument("--flash-attn", choices=("auto", "on", "off"), help="flash attention (default auto)")
-    gguf.add_argument("--threads", type=int, metavar="N", help="llama.cpp's threads (default llama-cpp-python's)")
+    runtime_flags = _add_runtime_options(p)
     # what each option is when not given, read from the parser itself: an option of the other kind of SPEC is
     # refused only when given
-    p.set_defaults(run=run, option_defaults={dest: p.get_default(dest) for dest in (*_SPEC_ONLY, *_MODEL_FILE_ONLY)})
+    p.set_defaults(run=run, runtime_flags=runtime_flags,
+                   option_defaults={dest: p.get_default(dest) for dest in (*_SPEC_ONLY, *runtime_flags)})
+
+
+def _add_runtime_options(p: argparse.ArgumentParser) -> dict[str, str]:
+    """One option group per runtime whose models are files, from the options its adapter declares
+    (:class:`tracediff.capturing.adapters.RuntimeOption`); dest -> flag of every option added."""
+    from ...capturing.adapters import file_adapters
+
+    flags: dict[str, str] = {}
+    for adapter in file_adapters():
+        if not adapter.options:
+            continue
+        group = p.add_argument_group(adapter.file_kind or f"a {adapter.models} model file")
+        for option in adapter.options:
+            if option.name in flags or option.name in _SPEC_ONLY:  # one flag per name
+                continue
+            kind: dict[str, Any] = {"type": int} if option.kind == "int" else {}
+            group.add_argument(option.flag, dest=option.name, choices=option.choices, metavar=option.metavar,
+                               help=option.help, **kind)
+            flags[option.name] = option.flag
+    return flags
 
 
 def run(args: argparse.Namespace) -> int:
@@ -97,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
 
     if is_model_file(args.spec):
         return _run_model_file(args)
-    given = _given(args, _MODEL_FILE_ONLY)
+    given = _given(args, args.runtime_flags)
     if given:
         raise UsageError(f"{args.spec}: {', '.join(given)} {'is' if len(given) == 1 else 'are'} for a model file "
                          "(tracediff capture model.gguf); a SPEC runs in PyTorch")
@@ -149,9 +165,9 @@ def _run_model_file(args: argparse.Namespace) -> int:
     if args.inputs is None:
         raise UsageError(f"{args.spec}: a model file needs --inputs FILE (the token ids, e.g. written by the "
                          "reference side's --save-inputs)")
-    options = {"kv_cache_type": args.kv_cache_type, "flash_attn": args.flash_attn, "threads": args.threads}
+    options = _runtime_options(args)
     session = capture_file(args.spec, args.out, inputs=args.inputs, tensors=args.tensors, overwrite=args.overwrite,
-                           options={k: v for k, v in options.items() if v is not None})
+                           options=options)
     print(f"captured {session.calls} graph nodes into {session.trace_dir} ({session.files} payload files, "
           f"{session.payload_bytes / 1e6:.1f} MB)")
     return 0
@@ -165,7 +181,29 @@ _SPEC_ONLY = {
     "teacher_forcing": "--teacher-forcing", "dtype": "--dtype", "device": "--device", "writers": "--writers",
     "pool_mb": "--pool-mb", "ops": "--ops", "ops_include": "--ops-include", "ops_exclude": "--ops-exclude",
     "ops_in": "--ops-in", "ops_min_numel": "--ops-min-numel"}
-_MODEL_FILE_ONLY = {"kv_cache_type": "--kv-cache-type", "flash_attn": "--flash-attn", "threads": "--threads"}
+
+
+def _runtime_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The runtime options given, as load options of the adapter that opens ``args.spec``; an option another
+    runtime declares is refused, naming whose it is."""
+    from pathlib import Path
+
+    from ...capturing.adapters import adapter_for_path, file_adapters
+    from ...errors import UsageError
+
+    adapter = adapter_for_path(Path(args.spec))
+    own = {option.name for option in adapter.options} if adapter is not None else set()
+    options: dict[str, Any] = {}
+    for dest, flag in args.runtime_flags.items():
+        value = getattr(args, dest)
+        if value == args.option_defaults[dest]:
+            continue
+        if dest not in own:
+            whose = next((other.file_kind or other.models for other in file_adapters()
+                          if any(option.name == dest for option in other.options)), "another runtime")
+            raise UsageError(f"{args.spec}: {flag} is for {whose}, not for this file")
+        options[dest] = value
+    return options
 
 
 def _given(args: argparse.Namespace, options: Mapping[str, str]) -> list[str]:
