@@ -41,7 +41,7 @@ _lock = threading.Lock()
 
 #: The built-in runtimes whose models are files, by module and class: the command line reads their declared
 #: options (``file_kind``, ``options``) without importing torch, so these modules import their runtimes lazily.
-_FILE_RUNTIMES = (("llama_cpp", "LlamaCppAdapter"),)
+_FILE_RUNTIMES = (("llama_cpp", "LlamaCppAdapter"), ("onnxruntime", "OnnxRuntimeAdapter"))
 
 
 def _builtin() -> list[Adapter]:
