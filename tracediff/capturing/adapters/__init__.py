@@ -41,7 +41,11 @@ _lock = threading.Lock()
 
 #: The built-in runtimes whose models are files, by module and class: the command line reads their declared
 #: options (``file_kind``, ``options``) without importing torch, so these modules import their runtimes lazily.
-_FILE_RUNTIMES = (("llama_cpp", "LlamaCppAdapter"), ("onnxruntime", "OnnxRuntimeAdapter"))
+_FILE_RUNTIMES = (
+    ("llama_cpp", "LlamaCppAdapter"),
+    ("onnxruntime", "OnnxRuntimeAdapter"),
+    ("openvino", "OpenVINOAdapter"),
+)
 
 
 def _builtin() -> list[Adapter]:
