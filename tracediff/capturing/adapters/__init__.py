@@ -45,6 +45,7 @@ _FILE_RUNTIMES = (
     ("llama_cpp", "LlamaCppAdapter"),
     ("onnxruntime", "OnnxRuntimeAdapter"),
     ("openvino", "OpenVINOAdapter"),
+    ("executorch", "ExecuTorchAdapter"),
 )
 
 
