@@ -145,9 +145,6 @@ class ExecuTorchAdapter(AdapterBase):
         a link, no regular file, or no ExecuTorch program; an ETRecord that is no zip of an edge program, or
         not this program's; executorch not installed.
         """
-        unknown = sorted(set(options) - {option.name for option in self.options})
-        if unknown:
-            raise UsageError(f"{', '.join(unknown)}: not an option of ExecuTorch programs (it takes etrecord)")
         if isinstance(source, ExecuTorchProgram):
             return source
         etrecord = options.get("etrecord")

@@ -165,15 +165,10 @@ class OnnxRuntimeAdapter(AdapterBase):
 
         ``options``: ``graph_optimization`` (``disable``, ``basic``, ``extended``, ``all``; default ONNX
         Runtime's, ``all``). Raises UsageError for a file that is no ONNX model, external data outside the
-        model's folder or linked, a model ONNX Runtime cannot load, or an unknown option value.
+        model's folder or linked, or a model ONNX Runtime cannot load (the options are checked once, against the
+        declared ones, by ``check_runtime_options``).
         """
-        unknown = sorted(set(options) - {option.name for option in self.options})
-        if unknown:
-            raise UsageError(f"{', '.join(unknown)}: not an option of ONNX Runtime models (it takes "
-                             "graph_optimization)")
-        level = options.get("graph_optimization")
-        if level is not None and level not in GRAPH_OPTIMIZATIONS:
-            raise UsageError(f"graph_optimization={level!r}: expected one of {', '.join(GRAPH_OPTIMIZATIONS)}")
+        level = options.get("graph_optimization")  # checked against the declared choices (check_runtime_options)
         if isinstance(source, ONNXModel):
             return source if level is None else ONNXModel(source.proto, source.label, level)
         import_onnxruntime()
