@@ -279,8 +279,9 @@ def test_a_delegated_region_is_recorded_at_its_boundary(delegated: tuple[Exporte
     backend = [n for n in recorded if n[fmt.MODULE_TYPE] == "XnnpackBackend"]
     assert backend and all(n[fmt.ATTRIBUTES]["delegate"] == "XnnpackBackend" for n in backend)
     # layer 0's Linear, ReLU and residual add run in one delegate call that hands out the layer's output; the
-    # last call runs layer 1's Linear, ReLU and add and the head: layer 1 and the head show no boundary
-    assert runtime["modules_not_shown"] == ["head", "layers.1"]
+    # last call runs layer 1's Linear, ReLU and add and the head: layer 1 and the head show no boundary, nor
+    # does either Linear (their values stay inside the delegates)
+    assert runtime["modules_not_shown"] == ["head", "layers.0.proj", "layers.1", "layers.1.proj"]
     layer = [n for n in backend if n.get(fmt.NODE_SCOPES) == ["layers.0"]]
     assert [n[fmt.ATTRIBUTES]["ops"] for n in layer] == [["aten.add.Tensor", "aten.linear.default",
                                                           "aten.relu.default"]]

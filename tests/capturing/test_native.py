@@ -196,7 +196,7 @@ def test_metadata_records_versions_model_devices_dtypes_and_options(tmp_path: Pa
         model(torch.ones(1))
     meta = metadata(tmp_path)
     assert meta == session.metadata
-    assert meta["format_version"] == "1.7"
+    assert meta["format_version"] == "1.8"
     assert meta["tracediff_version"] == tracediff.__version__
     assert meta["torch_version"] == torch.__version__
     assert meta["transformers_version"] == transformers.__version__

@@ -81,7 +81,7 @@ def test_a_newer_major_version_is_refused_with_a_clear_message(tmp_path: Path) -
         model(toy_input())
     meta_path = tmp_path / fmt.METADATA_FILE
     meta = json.loads(meta_path.read_text())
-    assert meta["format_version"] == fmt.FORMAT_VERSION == "1.7"
+    assert meta["format_version"] == fmt.FORMAT_VERSION == "1.8"
     for readable in (1, "1.0", "1.9"):
         meta_path.write_text(json.dumps({**meta, "format_version": readable}))
         assert tracediff.load_trace(tmp_path).model_name == "CallsAttention"

@@ -269,3 +269,15 @@ def test_export_branch_is_taken_while_tracing() -> None:
     model.config.use_cache = False
     ov.convert_model(model, example_input={"input_ids": TOKENS, "attention_mask": torch.ones_like(TOKENS)})
     assert True in seen, seen
+
+
+def test_the_baseline_line_names_the_precision_b_computed_in(exports: dict[str, Export]) -> None:
+    """B's tensors are float32 whatever OpenVINO computed in: the noise floor the console names is that of
+    the precision the plugin ran (bf16 where the CPU has it), not float32's."""
+    export = exports["llama"]
+    trace = export.trace(CLEAN, LOWER)
+    computed = json.loads((trace / "tracediff_metadata.json").read_text()).get("compute_dtype")
+    code, text = _cli(["align", str(export.reference()), str(trace), "--baseline",
+                       str(export.reference(torch.bfloat16))])
+    named = (computed or "torch.float32").removeprefix("torch.")
+    assert code == 0 and f"x the {named} noise floor" in text, text[-2000:]

@@ -299,8 +299,13 @@ def measure(loaded: Loaded, paired: Paired, settings: Settings, group: Group | N
         return draft_row(order, pair, atol, rtol, measurement), measurement
 
     tick = _progress(progress, pairs)
+    total = _pair_bytes(pairs)
+    if total >= _EXPECTED_BYTES:  # a large alignment: the compiled kernel may load early (compare/kernel.py)
+        from ..compare import kernel  # numpy with it: a small alignment of statistics never imports it
+
+        kernel.expect(total)
     # threads help only where numpy works on payloads; statistics are compared in Python, under the GIL
-    with _workers(_pair_bytes(pairs)) as run:
+    with _workers(total) as run:
         first: list[tuple[RowDraft, Measurement]] = run(lambda i: compare(i, pairs[i], tick), range(len(pairs)))
     tick(None)
     orders = decide_orders([row for row, _ in first], pairs, loaded.a, loaded.b, paired.plan.values,
@@ -352,6 +357,7 @@ def report(loaded: Loaded, paired: Paired, measured: Measured, judged: Judged, s
         ignored=tuple(rows[i] for i in verdicts.ignored),
         baseline=str(loaded.baseline.directory) if loaded.baseline is not None else None,
         noise_factor=settings.noise_factor if loaded.baseline is not None else None,
+        computed_b=loaded.b.compute_dtype,
         unmatched_a=paired.unmatched_a, unmatched_b=paired.unmatched_b,
         unrecorded_a=plan.unrecorded_a, unrecorded_b=plan.unrecorded_b,
         argument_diffs=tuple(diff_arguments(matching.pairs) + paired.ops.argument_diffs),
@@ -370,7 +376,8 @@ def report(loaded: Loaded, paired: Paired, measured: Measured, judged: Judged, s
         position_strip=_position_strip(loaded, measured, first),
         payloads_expected=_holds_payloads(trace_a) and _holds_payloads(trace_b),
         shard_findings=_shard_findings(loaded),
-        unplaced=find_unplaced(matching, b_prunes_outputs=trace_b.producer == "transformers"),
+        unplaced=find_unplaced(matching, b_prunes_outputs=trace_b.producer == "transformers",
+                               not_shown=_modules_not_shown(trace_b)),
         likely_source=likely_source(first, measured.pairs, unpaired_b) if first is not None else None,
     )
 
@@ -448,6 +455,13 @@ def _in_chunks(pool: ThreadPoolExecutor, fn: Callable[[Any], Any], items: list[A
     return [result for run in runs for result in run]
 
 
+def _modules_not_shown(trace: Trace) -> tuple[str, ...]:
+    """The module paths a graph trace's runtime ran inside fused regions (``runtime.modules_not_shown``)."""
+    runtime = trace.metadata.get("runtime")
+    listed = runtime.get("modules_not_shown") if isinstance(runtime, dict) else None
+    return tuple(path for path in listed if isinstance(path, str)) if isinstance(listed, list) else ()
+
+
 def _no_tick(_record: Any) -> None:
     pass
 
@@ -465,6 +479,9 @@ def _progress(enabled: bool, pairs: Sequence[Pair]) -> Callable[[Any], None]:
             bar.update(_record_bytes(record) * 2)
 
     return tick
+
+
+_EXPECTED_BYTES = 1 << 30  # compare.kernel.REMAINING_BYTES, without importing numpy for a small alignment
 
 
 def _pair_bytes(pairs: Iterable[Pair]) -> int:

@@ -79,6 +79,10 @@ if TYPE_CHECKING:
 from ..display import renderer_for, short_repr, summary_html
 from ..trace.frozen import frozen_builder, replaced
 
+#: The origin of a diverged row whose error arose where a runtime approximation no trace can bound acts
+#: (alignment/verdicts/sources.py): not shown to be a mistake, so it makes the verdict undecided, not diverged.
+KERNEL_ORIGIN = "runtime approximation"
+
 FORMAT_VERSION = 1
 R = TypeVar("R", bound="TensorComparison")
 
@@ -271,6 +275,7 @@ class ArgumentDiff:
 class _Tally:
     statuses: dict[str, int]  # status -> rows
     diverged: tuple[TensorComparison, ...]  # in execution order
+    blamed: tuple[TensorComparison, ...]  # those of them a mistake may have made (not KERNEL_ORIGIN)
     unreadable: tuple[TensorComparison, ...]
     approximate: int
 
@@ -322,6 +327,8 @@ class Alignment:
     incomplete_b: str | None = None
     allow_incomplete: bool = False  # an incomplete trace fails the verdict unless this is set
     noise_factor: float | None = None  # the factor applied to the baseline's noise floor (None: no baseline)
+    # the dtype B computed in where its tensors do not show it (a trace's compute_dtype: OpenVINO's bf16)
+    computed_b: str | None = None
     importer_a: str | None = None  # the kind of dump trace A was imported from (tracediff import), None: a capture
     importer_b: str | None = None
     steps: StepAlignment | None = None  # generation traces: the decode steps compared and the first diverging one
@@ -345,7 +352,7 @@ class Alignment:
         that leaves calls of A without a counterpart B lost (:attr:`unplaced`), is
         undecided, never passed; :attr:`reason` says why.
         """
-        if self._tally.diverged or self._tally.unreadable or any(f.failing for f in self.shard_findings):
+        if self._tally.blamed or self._tally.unreadable or any(f.failing for f in self.shard_findings):
             return "diverged"
         return "undecided" if self.reason is not None else "passed"
 
@@ -367,6 +374,12 @@ class Alignment:
         if unplaced:
             return (f"{unplaced} tensor(s) of a multi-rank trace were not placed, so not compared (see the shard "
                     "findings; declare their layouts with --shards)")
+        if self._tally.diverged and not self._tally.blamed:
+            first = self._tally.diverged[0]
+            return (f"{len(self._tally.diverged)} tensor(s) out of tolerance, the first {first.describe()}, all with "
+                    "an error that arose where a runtime approximation the traces cannot bound acts (the first "
+                    "warning names it): not shown to be a mistake; to decide, align with a reference that "
+                    "computes what the runtime's kernel does (docs/verdicts.md, runtime approximations)")
         if self.payloads_expected and self._tally.approximate == len(self.rows):
             return ("only recorded statistics were compared, though both traces hold payloads: no payload pair "
                     "was compared")
@@ -388,8 +401,9 @@ class Alignment:
 
     @property
     def first_divergence(self) -> TensorComparison | None:
-        """The earliest row, in execution order, that is out of tolerance."""
-        diverged = self._tally.diverged
+        """The earliest row, in execution order, that is out of tolerance: the earliest a mistake may have made,
+        else the earliest whose error arose where a runtime approximation no trace bounds acts."""
+        diverged = self._tally.blamed or self._tally.diverged
         return diverged[0] if diverged else None
 
     @property
@@ -410,17 +424,19 @@ class Alignment:
         """One pass over the rows for the verdict, the summary and the first divergences: a report asks for
         each several times, and a large alignment has a row per tensor (rows never change)."""
         statuses: dict[str, int] = {}
-        diverged, unreadable, approximate = [], [], 0
+        diverged, blamed, unreadable, approximate = [], [], [], 0
         for row in self.rows:
             status = row.status
             statuses[status] = statuses.get(status, 0) + 1
             if row.within_tolerance is False:  # row.diverged
                 diverged.append(row)
+                if row.origin != KERNEL_ORIGIN:
+                    blamed.append(row)
             if status == "unreadable":
                 unreadable.append(row)
             if row.approximate:
                 approximate += 1
-        return _Tally(statuses, tuple(diverged), tuple(unreadable), approximate)
+        return _Tally(statuses, tuple(diverged), tuple(blamed), tuple(unreadable), approximate)
 
     @cached_property
     def _frame(self) -> pd.DataFrame:

@@ -35,10 +35,14 @@ _SHOWN = 3  # B's unpaired nodes named per call
 _END = 1 << 62  # after every record
 
 
-def find_unplaced(matching: Matching, *, b_prunes_outputs: bool) -> tuple[Unplaced, ...]:
+def find_unplaced(matching: Matching, *, b_prunes_outputs: bool,
+                  not_shown: Sequence[str] = ()) -> tuple[Unplaced, ...]:
     """What of A ``matching`` leaves without a counterpart in B (see the module docstring), in A's order.
 
     ``b_prunes_outputs``: B comes from transformers' debugger, whose calls may hold no outputs.
+    ``not_shown``: the module paths (relative to the root) B's runtime says it ran inside a fused region
+    with no boundary in the run (metadata ``runtime.modules_not_shown``): a call of A there, or inside one,
+    is judged through the paired call around it, whose compared tensors its result flows into.
     """
     paired_a = {id(a): b for a, b in matching.pairs}
     if not paired_a:
@@ -49,7 +53,7 @@ def find_unplaced(matching: Matching, *, b_prunes_outputs: bool) -> tuple[Unplac
         found += [(a, Unplaced(a.module_path, a.call_index, what="outputs")) for a, b in matching.pairs
                   if a.outputs() and not b.has_outputs and not b.children and b.error is None and a.error is None]
     if any(node.graph for node in matching.nodes_b):
-        found += _unplaced_calls(matching, paired_a, reported)
+        found += _unplaced_calls(matching, paired_a, reported, frozenset(not_shown))
     found.sort(key=lambda item: item[0].enter_order)
     return tuple(unplaced for _, unplaced in found)
 
@@ -83,8 +87,8 @@ def _families(nodes: Sequence[Node]) -> dict[str, list[Node]]:
     return out
 
 
-def _unplaced_calls(matching: Matching, paired_a: dict[int, Node],
-                    reported: set[int]) -> list[tuple[Node, Unplaced]]:
+def _unplaced_calls(matching: Matching, paired_a: dict[int, Node], reported: set[int],
+                    not_shown: frozenset[str]) -> list[tuple[Node, Unplaced]]:
     unpaired_b = [n for n in matching.unmatched_b if not n.children and id(n) not in matching.idle and n.graph]
     unpaired_b.sort(key=lambda n: n.enter_order)
     b_orders = [n.enter_order for n in unpaired_b]
@@ -96,7 +100,8 @@ def _unplaced_calls(matching: Matching, paired_a: dict[int, Node],
         if id(node) in paired_a or id(node) in matching.idle or not node.outputs() or id(node) in reported \
                 or (node.parent is not None and id(node.parent) in reported):  # idle: it computes nothing
             continue
-        if any(id(inner) in paired_a for inner in node.walk()[1:]) or _inside_one_node(node, paired_a):
+        if any(id(inner) in paired_a for inner in node.walk()[1:]) or _inside_one_node(node, paired_a) \
+                or _fused_away(node, paired_a, not_shown):
             continue
         before = bisect.bisect_left(exits, (node.enter_order, -1)) - 1  # the last pair that ended before it
         after = bisect.bisect_right(enters, node.exit_order)  # the first pair that starts after it
@@ -119,6 +124,18 @@ def _inside_one_node(node: Node, paired_a: dict[int, Node]) -> bool:
         up = up.parent
     partner = paired_a.get(id(up)) if up is not None else None
     return partner is not None and partner.graph and not partner.children
+
+
+def _fused_away(node: Node, paired_a: dict[int, Node], not_shown: frozenset[str]) -> bool:
+    """Is ``node`` (or a call around it) one B's runtime ran inside a fused region, under a paired call?"""
+    if not not_shown:
+        return False
+    up: Node | None = node
+    hidden = False
+    while up is not None and id(up) not in paired_a:
+        hidden = hidden or up.relative_path in not_shown
+        up = up.parent
+    return hidden and up is not None
 
 
 def _place(node: Node, candidates: Sequence[Node], high: int) -> list[str]:

@@ -14,7 +14,8 @@ by the same float64 expression). What differs by rounding only: ``mean_abs_err``
 chunks pairwise (``docs/performance.md`` states the bound; ``tests/compare/test_kernel.py`` checks it).
 
 When it runs: once a process has compared ``START_BYTES`` of payloads with numpy (or :func:`prepare` was
-told that many are coming), a background thread imports numba and loads the kernel from numba's cache
+told that many are coming, or :func:`expect` was told of at least ``REMAINING_BYTES`` more and ``EARLY_BYTES``
+of them differed), a background thread imports numba and loads the kernel from numba's cache
 (compiled on the first run, some seconds, and cached next to this module or, where that folder is
 read-only, in numba's user cache folder); pairs go on to numpy meanwhile, and once it is loaded, every
 pair of at least ``MIN_ELEMENTS`` elements goes through it. A small alignment (``tracediff demo``) never
@@ -68,6 +69,13 @@ VARIABLE = "TRACEDIFF_KERNEL"  # "numpy": never the compiled kernel
 # memory; the kernel saves about 0.5 CPU second per GB of differing pairs (bench/bench_align.py, a port):
 # it pays back after some 2 GB, so it is loaded when that many were seen (a sign that more are coming).
 START_BYTES = 2 << 30
+# An alignment that says how many payload bytes it will compare (expect()) loads the kernel early: once
+# EARLY_BYTES of differing pairs were seen with at least REMAINING_BYTES still to come, a sign that a port's
+# pair (every tensor differs) is being compared, and the load, in a thread of its own, overlaps the numpy
+# work of the pairs compared meanwhile. An identical pair, or one where only the last layers differ, never
+# loads it.
+EARLY_BYTES = 64 << 20
+REMAINING_BYTES = 1 << 30
 MIN_ELEMENTS = 1 << 15  # a smaller pair costs more to hand over than the kernel saves on it
 _TAKEN = frozenset({"float16", "bfloat16", "float32", "float64", "float8_e4m3fn", "float8_e5m2",
                     "float8_e4m3fnuz", "float8_e5m2fnuz", "float8_e8m0fnu"})
@@ -79,6 +87,8 @@ class _State:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.seen = 0
+        self.expected = 0  # the payload bytes the running alignment will compare, all pairs (expect())
+        self.compared = 0  # the payload bytes of every pair compared since, differing or not (counted())
         self.kernel: Callable[..., int] | None = None
         self.loader: threading.Thread | None = None
         self.missing = False  # numba could not be imported, or the kernel not compiled
@@ -102,9 +112,22 @@ def wanted(a: Payload, b: Payload) -> bool:
         return True
     with _state.lock:
         _state.seen += a.values.nbytes + b.values.nbytes
-        seen = _state.seen
-    prepare(seen)
+        seen, remaining = _state.seen, _state.expected - _state.compared
+    prepare(START_BYTES if seen >= EARLY_BYTES and remaining >= REMAINING_BYTES else seen)
     return False
+
+
+def expect(payload_bytes: int) -> None:
+    """Say how many payload bytes (both sides, every pair) the comparisons about to run will read: the kernel
+    then loads as soon as a port-like workload shows (``EARLY_BYTES``), not after ``START_BYTES``."""
+    with _state.lock:
+        _state.expected, _state.compared = payload_bytes, 0
+
+
+def counted(payload_bytes: int) -> None:
+    """Count a pair's payload bytes as compared (against :func:`expect`'s total)."""
+    with _state.lock:
+        _state.compared += payload_bytes
 
 
 def prepare(payload_bytes: int) -> None:
@@ -226,4 +249,5 @@ def _merge(rows: np.ndarray, fa: np.ndarray, fb: np.ndarray, dtype_a: str, dtype
         acc.pearson.moments = moments
 
 
-__all__ = ["START_BYTES", "MIN_ELEMENTS", "VARIABLE", "accumulate", "enabled", "load", "prepare", "wanted"]
+__all__ = ["EARLY_BYTES", "MIN_ELEMENTS", "REMAINING_BYTES", "START_BYTES", "VARIABLE", "accumulate", "counted",
+           "enabled", "expect", "load", "prepare", "wanted"]

@@ -10,6 +10,8 @@ SOURCES_SHOWN = 5
 
 
 def _dtype(result: Alignment) -> str:
+    if result.computed_b:  # B's tensors are float32, its runtime computed in bf16: the floor is bf16's
+        return result.computed_b.removeprefix("torch.")
     dtypes = [r.dtype_b for r in result.rows if r.noise_floor is not None and r.dtype_b]
     name = max(set(dtypes), key=dtypes.count) if dtypes else ""
     return name.removeprefix("torch.")

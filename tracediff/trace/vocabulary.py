@@ -28,7 +28,10 @@ from typing import Any, Literal
 from .. import format as fmt
 
 #: The approximations tracediff can bound, by the name a vocabulary gives them.
-APPROXIMATIONS = ("ggml_flash_attention_f16", "ggml_gelu_f16_table", "ggml_geglu_f16_table")
+APPROXIMATIONS = ("ggml_flash_attention_f16", "ggml_gelu_f16_table", "ggml_geglu_f16_table", "xnnpack_gelu_erf")
+#: Those tracediff can name but not bound from a trace: the approximation acts inside a delegated region
+#: whose weights the trace does not hold (a graph node's ``attributes.approximations``, docs/trace-format.md).
+UNBOUNDED = frozenset({"xnnpack_gelu_erf"})
 SCOPE_STYLES = ("blocks", "modules")
 
 
@@ -101,4 +104,4 @@ def trace_vocabulary(metadata: Mapping[str, Any]) -> GraphVocabulary | None:
     return None
 
 
-__all__ = ["APPROXIMATIONS", "GraphVocabulary", "SCOPE_STYLES", "trace_vocabulary"]
+__all__ = ["APPROXIMATIONS", "GraphVocabulary", "SCOPE_STYLES", "UNBOUNDED", "trace_vocabulary"]

@@ -30,8 +30,9 @@ from ...errors import UsageError
 from ...globs import covers
 from ...trace.load import Trace
 from ..pair import Pair
+from ..result import KERNEL_ORIGIN
 from ..rows import RowDraft, add_note
-from .approximations import accept_approximations
+from .approximations import accept_approximations, unbounded_approximations
 from .cut import accept_cut_elsewhere
 from .noise import (
     accept_by_relative_norm,
@@ -130,11 +131,18 @@ def judge(rows: Sequence[RowDraft], pairs: Sequence[Pair], trace_a: Trace, *, ba
         if label not in used:
             warnings.append(f"--ignore pattern {label!r} matches no compared tensor")
 
+    unbounded = None if sharded else unbounded_approximations(pairs)
     flags = find_sources(rows, [pair.node_b for pair in pairs], [pair.record_a for pair in pairs],
                          noise_factor=noise_factor,
                          never_source=[m is not None for m in matched],
                          explained=[index in cuts for index in range(len(rows))],
-                         approximated=[index in approximated.rows for index in range(len(rows))])
+                         approximated=[index in approximated.rows for index in range(len(rows))],
+                         unbounded=unbounded if unbounded and any(unbounded) else None)
+    if unbounded and any(row.origin == KERNEL_ORIGIN for row in rows):
+        named = ", ".join(dict.fromkeys(text for text in unbounded if text))
+        first.append(f"B's runtime computes {named}: the traces cannot bound what that does downstream (the "
+                     "delegated region's weights are not recorded), so a divergence whose error arose there is not "
+                     "shown to be a mistake (docs/verdicts.md, runtime approximations)")
     kept, sources, ignored = [], [], []
     for index, (row, flag, pattern) in enumerate(zip(rows, flags, matched)):
         if pattern is not None:

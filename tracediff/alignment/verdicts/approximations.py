@@ -29,7 +29,7 @@ from ...compare.approximations import flash_attention_bound, geglu_bound, gelu_t
 from ...errors import TracediffError
 from ...trace.load import Trace
 from ...trace.model import Node, TensorRecord
-from ...trace.vocabulary import GraphVocabulary
+from ...trace.vocabulary import UNBOUNDED, GraphVocabulary
 from ..pair import Pair
 from ..rows import RowDraft
 
@@ -65,6 +65,41 @@ def _gelu(node: Node, values: list[np.ndarray]) -> np.ndarray | None:
 BOUNDS: dict[str, tuple[str, Callable[[Node, list[np.ndarray]], np.ndarray | None]]] = {
     "ggml_flash_attention_f16": (FLASH, _flash), "ggml_geglu_f16_table": (GELU, _geglu),
     "ggml_gelu_f16_table": (GELU, _gelu)}
+
+
+#: What each approximation no trace can bound is, in a report's words (vocabulary.UNBOUNDED)
+UNBOUNDED_NAMES = {"xnnpack_gelu_erf": "XNNPACK's GELU (the exact erf form, where the graph asks for the tanh "
+                                       "form: XNNPACK ignores `approximate`; the two differ by up to 4.8e-4 per "
+                                       "element)"}
+
+
+def unbounded_approximations(pairs: Sequence[Pair]) -> list[str | None]:
+    """For each pair, the approximations no trace can bound that act in B's node (a delegated region's
+    ``attributes.approximations``, docs/trace-format.md 9.1), named with the module they act in; else None."""
+    named: dict[int, str | None] = {}
+    out: list[str | None] = []
+    for pair in pairs:
+        node = pair.node_b
+        if id(node) not in named:
+            named[id(node)] = _unbounded_text(node)
+        out.append(named[id(node)])
+    return out
+
+
+def _unbounded_text(node: Node) -> str | None:
+    declared = (node.attributes or {}).get("approximations") if node.graph else None
+    if not isinstance(declared, list):
+        return None
+    texts = []
+    for item in declared:
+        name = item.get("name") if isinstance(item, dict) else None
+        if name in UNBOUNDED and name in UNBOUNDED_NAMES:
+            scope = item.get("scope")
+            where = f" at {scope}" if isinstance(scope, str) and scope else ""
+            text = f"{UNBOUNDED_NAMES[name]}{where}"
+            if text not in texts:
+                texts.append(text)
+    return "; ".join(texts) or None
 
 
 @dataclass(frozen=True)

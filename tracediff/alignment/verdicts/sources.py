@@ -56,7 +56,7 @@ from functools import lru_cache
 
 from ...compare.masks import MASKED_AT
 from ...trace.model import Node, TensorRecord
-from ..result import TensorComparison
+from ..result import KERNEL_ORIGIN, TensorComparison
 from ..rows import RowDraft, add_note
 
 
@@ -113,7 +113,8 @@ def role(slot: str) -> tuple[str, str]:
 
 def find_sources(rows: Sequence[RowDraft], nodes_b: Sequence[Node], records_a: Sequence[TensorRecord], *,
                  noise_factor: float, never_source: Sequence[bool] | None = None,
-                 explained: Sequence[bool] | None = None, approximated: Sequence[bool] | None = None) -> list[bool]:
+                 explained: Sequence[bool] | None = None, approximated: Sequence[bool] | None = None,
+                 unbounded: Sequence[str | None] | None = None) -> list[bool]:
     """Set ``growth`` and ``origin`` of every draft; returns which of them are sources.
 
     ``rows`` are in B's execution order, ``nodes_b[i]`` is row i's call in B
@@ -124,7 +125,10 @@ def find_sources(rows: Sequence[RowDraft], nodes_b: Sequence[Node], records_a: S
     their own: nothing flows from them, and no error is ever said to be made there; ``approximated`` marks rows
     accepted within a runtime's own rounding (:mod:`tracediff.alignment.verdicts.approximations`): their error
     flows on, and a diverged row that is no source and carries only such an error is accepted as inherited
-    from it.
+    from it; ``unbounded`` names, for the rows of B nodes a known approximation acts in that no trace can bound
+    (:data:`tracediff.trace.vocabulary.UNBOUNDED`), that approximation: a source in the same call after such a
+    row, whose incoming error arose there, is no source, and it and the rows carrying that error get the origin
+    :data:`KERNEL_ORIGIN` (not shown to be a mistake; docs/verdicts.md).
     """
     running: dict[tuple[str, int], float] = {}  # (phase, id of a call) -> largest excess recorded inside it so far
     holder: dict[tuple[str, int], int] = {}  # the same key -> the row holding that excess
@@ -133,6 +137,8 @@ def find_sources(rows: Sequence[RowDraft], nodes_b: Sequence[Node], records_a: S
     flags: list[bool] = []
     with_inputs: set[int] = set()  # calls with an input row compared
     growth: float | None
+    passes_on = [bool((approximated and approximated[i]) or (unbounded and unbounded[i])) for i in range(len(rows))] \
+        if approximated or unbounded else None
     for index, (row, node, record_a) in enumerate(zip(rows, nodes_b, records_a)):
         phase, side = role(row.tensor)
         if side == "in":
@@ -144,8 +150,12 @@ def find_sources(rows: Sequence[RowDraft], nodes_b: Sequence[Node], records_a: S
             growth, is_source = 0.0, False
         else:
             enclosing = node if side == "out" else node.parent
-            if side == "out" and approximated and id(node) not in with_inputs and node.parent is not None:
-                enclosing = _approximated_caller(node, phase, running, holder, arose, approximated)
+            if side == "out" and passes_on and id(node) not in with_inputs and node.parent is not None:
+                enclosing = _approximated_caller(node, phase, running, holder, arose, passes_on)
+            elif side == "in" and unbounded and enclosing is not None and enclosing.parent is not None:
+                # a graph block's first node can be listed before the block's own inputs: what flowed into
+                # the block is then read in its caller
+                enclosing = _approximated_caller(enclosing, phase, running, holder, arose, unbounded)
             key = (phase, id(enclosing)) if enclosing is not None else None
             incoming = running.get(key, 0.0) if key is not None else 0.0
             growth = None if value is None else (value / max(incoming, 1.0) if not math.isinf(value) or
@@ -157,9 +167,15 @@ def find_sources(rows: Sequence[RowDraft], nodes_b: Sequence[Node], records_a: S
             upstream = holder.get(key) if key is not None else None
             # carried: no more than noise_factor times what flowed in (unfloored); else made here
             carried = value is not None and upstream is not None and value <= noise_factor * incoming
+            if is_source and unbounded and upstream is not None and unbounded[arose[upstream]] \
+                    and nodes_b[arose[upstream]].parent is node.parent:
+                # grown in the call the approximation acts in, by what no trace bounds (its weights, its norm)
+                is_source, carried = False, True
+            elif is_source and unbounded and unbounded[index]:
+                is_source = False  # made where the approximation acts
             if carried and upstream is not None:
                 arose[index] = arose[upstream]
-            elif value and not diverged and row.dtype_a == row.dtype_b and not (approximated and approximated[index]):
+            elif value and not diverged and row.dtype_a == row.dtype_b and not (passes_on and passes_on[index]):
                 seeds.add(index)
             seed = arose[index]
             if is_source and carried and made is None and incoming <= 1.0 and seed in seeds and \
@@ -174,7 +190,9 @@ def find_sources(rows: Sequence[RowDraft], nodes_b: Sequence[Node], records_a: S
         if diverged and not is_source and approximated and approximated[arose[index]] and arose[index] != index:
             _within_approximation(row, rows[arose[index]])
             diverged = False
-        if diverged:
+        if diverged and not is_source and unbounded and unbounded[arose[index]]:
+            _after_unbounded(row, rows[arose[index]], unbounded[arose[index]] or "")
+        elif diverged:
             row.origin = _origin(side, phase, node) if is_source else "inherited"
             if is_source and row.origin == "between modules" and node.parent is not None:
                 add_note(row, _between_note(node))
@@ -187,7 +205,8 @@ def find_sources(rows: Sequence[RowDraft], nodes_b: Sequence[Node], records_a: S
 
 
 def _approximated_caller(node: Node, phase: str, running: dict[tuple[str, int], float],
-                         holder: dict[tuple[str, int], int], arose: list[int], approximated: Sequence[bool]) -> Node:
+                         holder: dict[tuple[str, int], int], arose: list[int],
+                         approximated: Sequence[bool | str | None]) -> Node:
     """Where what flowed into an output of ``node``, a call none of whose inputs was compared, is read: its
     caller, when what flowed in there arose at a runtime's rounding (a graph runtime's norm whose input is an
     unpaired node: the error the rounding made reaches it unseen); else the call itself."""
@@ -198,6 +217,13 @@ def _approximated_caller(node: Node, phase: str, running: dict[tuple[str, int], 
             running.get(key, 0.0) > running.get((phase, id(node)), 0.0):
         return node.parent
     return node
+
+
+def _after_unbounded(row: RowDraft, source: RowDraft, approximation: str) -> None:
+    """A diverged row whose error arose where an approximation no trace bounds acts: not shown to be a mistake."""
+    row.origin = KERNEL_ORIGIN
+    add_note(row, f"its error arose at {source.module_path_b} {source.tensor}, where {approximation} acts, which "
+                  "the traces cannot bound: not shown to be a mistake (docs/verdicts.md, runtime approximations)")
 
 
 def _within_approximation(row: RowDraft, source: RowDraft) -> None:

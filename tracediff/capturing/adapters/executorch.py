@@ -59,6 +59,11 @@ VOCABULARY = GraphVocabulary(
     views=frozenset({*_VIEWS, "aten.permute_copy.default", "aten.transpose_copy.int", "aten.expand_copy.default",
                      "aten.slice_copy.Tensor", "aten.select_copy.int"}),
     same_values=frozenset(_VIEWS))
+#: Delegated ops whose backend's kernel computes another function than the op asks, by (backend, op, string
+#: argument, value): the name of that approximation (tracediff.trace.vocabulary.APPROXIMATIONS), written on
+#: each delegate output it acts on. XNNPACK's GELU serializes no ``approximate`` flag: where the graph asks for
+#: the tanh form, it computes the exact (erf) one.
+KERNEL_FORMS = {("XnnpackBackend", "aten.gelu.default", "approximate", "tanh"): "xnnpack_gelu_erf"}
 _ETRECORD_HELP = ("the ETRecord written with the program (to_edge_transform_and_lower(..., "
                   "generate_etrecord=True), then get_etrecord().save(PATH)): it names each output's module")
 
@@ -191,7 +196,7 @@ class ExecuTorchAdapter(AdapterBase):
         recorder = loaded.recorder
         if recorder is None:
             return
-        plan = NodePlan(loaded.record, outputs, VOCABULARY.views, loaded.facts.delegate_calls)
+        plan = NodePlan(loaded.record, outputs, VOCABULARY.views, loaded.facts.delegate_calls, KERNEL_FORMS)
         nodes = plan.nodes()
         loaded.counts, loaded.hidden_modules = plan.counts, plan.hidden_modules
         recorder.begin_step()

@@ -73,6 +73,7 @@ class EdgeNode:
     scopes: tuple[str, ...]  # module paths, outermost first, the root left out
     inputs: tuple[str, ...]  # the tensor values it reads
     outputs: tuple[str, ...]
+    strings: tuple[tuple[str, str], ...] = ()  # its string arguments: (("approximate", "tanh"),)
 
     @property
     def short(self) -> str:
@@ -273,7 +274,17 @@ def _edge_node(raw: dict[str, Any]) -> EdgeNode:
                     handle=int(handle) if isinstance(handle, (str, int)) and str(handle).isdigit() else None,
                     scopes=module_scopes(meta.get("nn_module_stack")),
                     inputs=tuple(_tensor_names(raw.get("inputs", []))),
-                    outputs=tuple(_tensor_names(raw.get("outputs", []))))
+                    outputs=tuple(_tensor_names(raw.get("outputs", []))), strings=_string_arguments(raw))
+
+
+def _string_arguments(raw: dict[str, Any]) -> tuple[tuple[str, str], ...]:
+    """A serialized node's string arguments (``approximate="tanh"`` of a GELU), as (name, value) pairs."""
+    found: list[tuple[str, str]] = []
+    for item in raw.get("inputs") or []:
+        arg = item.get("arg") if isinstance(item, dict) else None
+        if isinstance(arg, dict) and isinstance(arg.get("as_string"), str) and isinstance(item.get("name"), str):
+            found.append((item["name"], arg["as_string"]))
+    return tuple(found)
 
 
 def module_scopes(stack: Any) -> tuple[str, ...]:

@@ -20,6 +20,9 @@ from typing import Any
 
 from .executorch_files import DebugOutput, EdgeNode, EtRecord
 
+#: (backend, op, string argument, its value) -> the name of the approximation its kernel makes there.
+KernelForms = Mapping[tuple[str, str, str, str], str]
+
 
 @dataclass(frozen=True)
 class PlannedNode:
@@ -43,14 +46,17 @@ class _Delegated:
     scope: tuple[str, ...]  # what all its ops share
     ops: int
     op_names: tuple[str, ...]  # the edge ops it runs, each once
+    forms: tuple[tuple[dict[str, str], ...], ...] = ()  # per output: the kernel forms acting on it (KernelForms)
 
 
 class NodePlan:
     """The graph nodes of one run's debug outputs (see the module docstring)."""
 
     def __init__(self, record: EtRecord, outputs: Sequence[DebugOutput], views: Iterable[str],
-                 delegate_calls: Mapping[int, tuple[int, tuple[tuple[int, ...], ...]]] | None = None) -> None:
+                 delegate_calls: Mapping[int, tuple[int, tuple[tuple[int, ...], ...]]] | None = None,
+                 forms: KernelForms | None = None) -> None:
         self.record, self.outputs, self.views = record, list(outputs), frozenset(views)
+        self.forms = dict(forms or {})
         self.delegate_calls = dict(delegate_calls or {})
         self._order = {id(node): i for i, node in enumerate(record.nodes)}
         self._pool: dict[int, list[EdgeNode]] = {}  # handle -> its nodes no instruction has claimed yet
@@ -62,6 +68,7 @@ class NodePlan:
         self.counts = {"debug_events": len(self.outputs), "with_data": 0, "recorded": 0, "without_module": 0,
                        "delegate_inputs": 0}
         self.hidden_modules: list[str] = []
+        self._delegated_scopes: set[str] = set()  # the modules of the edge nodes delegates ran
 
     def nodes(self) -> list[PlannedNode]:
         """The nodes in the edge program's order, their scope chains left only with modules whose boundary
@@ -94,9 +101,12 @@ class NodePlan:
         planned = self._in_graph_order([*planned, *handed])
         self.counts["recorded"] = len(planned)
         hidden = self._hidden(planned)
-        self.hidden_modules = sorted(hidden)
-        return [replace(node, scopes=tuple(s for s in node.scopes if s not in hidden)) if hidden else node
-                for node in planned]
+        shown = [replace(node, scopes=tuple(s for s in node.scopes if s not in hidden)) if hidden else node
+                 for node in planned]
+        # a module all of whose work ran inside delegates and none of whose values left them shows nowhere
+        absent = self._delegated_scopes - {scope for node in shown for scope in node.scopes}
+        self.hidden_modules = sorted(hidden | absent)
+        return shown
 
     def _in_graph_order(self, nodes: list[PlannedNode]) -> list[PlannedNode]:
         """``nodes`` in the edge program's order: a topological order that follows the modules, where the
@@ -158,6 +168,8 @@ class NodePlan:
                                       "delegate_scope": region.scope[-1] if region.scope else ""}
         if producer is not None:
             attributes.update(value=key, produced_by=producer[0].op)
+        if index < len(region.forms) and region.forms[index]:
+            attributes["approximations"] = [dict(form) for form in region.forms[index]]
         scopes = producer[0].scopes if producer is not None else region.scope
         sources = region.sources[index] if index < len(region.sources) else ()
         return PlannedNode(key, region.backend, region.backend, scopes, output.data, sources, attributes)
@@ -179,6 +191,7 @@ class NodePlan:
             members.extend(pool[:count])
             del pool[:count]
         members.sort(key=lambda node: self._order[id(node)])
+        self._delegated_scopes.update(scope for node in members for scope in node.scopes)
         ids = {id(node) for node in members}
         inside = {name for node in members for name in node.outputs}
         read_outside = {name for node in self.record.nodes if id(node) not in ids for name in node.inputs}
@@ -196,9 +209,35 @@ class NodePlan:
             outs.append(match)
         handed = {name for name in outs if name}
         sources = tuple(self._region_reads(name, inside, handed) if name else () for name in outs)
+        forms = tuple(self._forms(backend, name, inside, handed) if name else () for name in outs)
         return _Delegated(backend, tuple(outs), max(first, 0), sources,
                           common_scope([node.scopes for node in members]), len(members),
-                          tuple(sorted({node.op for node in members}))[:64])
+                          tuple(sorted({node.op for node in members}))[:64], forms)
+
+    def _forms(self, backend: str, output: str, inside: set[str], handed: set[str]) -> tuple[dict[str, str], ...]:
+        """The kernel forms (``forms``: the backend computes another function than the op asks) acting on a
+        delegate's output ``output``: those of the region's nodes it was computed from, in graph order."""
+        if not self.forms:
+            return ()
+        found: dict[int, dict[str, str]] = {}  # graph order -> the form
+        seen: set[str] = set()
+        stack = [output]
+        while stack:
+            name = stack.pop()
+            if name in seen or name not in inside or (name in handed and name != output):
+                continue
+            seen.add(name)
+            producer = self.record.producers.get(name)
+            if producer is None:
+                continue
+            node = producer[0]
+            for argument, value in node.strings:
+                kind = self.forms.get((backend, node.op, argument, value))
+                if kind is not None:
+                    found[self._order[id(node)]] = {"name": kind, "op": node.op, argument: value,
+                                                     "scope": node.scopes[-1] if node.scopes else ""}
+            stack.extend(node.inputs)
+        return tuple(found[order] for order in sorted(found))
 
     def _region_reads(self, output: str, inside: set[str], handed: set[str]) -> tuple[str, ...]:
         """What a delegate's output ``output`` was computed from: values from outside its region, or other
