@@ -226,7 +226,8 @@ def test_small_pairs_and_small_alignments_stay_on_numpy(monkeypatch: pytest.Monk
 
 def test_a_large_alignment_of_differing_pairs_loads_the_kernel_early(monkeypatch: pytest.MonkeyPatch) -> None:
     """Told how many bytes are coming (expect), the kernel loads once EARLY_BYTES of differing pairs were seen
-    with REMAINING_BYTES still to come; with less to come (only the last layers differ) it stays unloaded."""
+    with REMAINING_BYTES still to come, and that pair already goes through it; with less to come (only the last
+    layers differ) it stays unloaded."""
     monkeypatch.delenv(kernel.VARIABLE, raising=False)
     large = Payload(np.zeros(kernel.MIN_ELEMENTS, np.float32), "float32")
     pair = 2 * large.values.nbytes
@@ -237,13 +238,11 @@ def test_a_large_alignment_of_differing_pairs_loads_the_kernel_early(monkeypatch
         fresh = kernel._State()
         monkeypatch.setattr(kernel, "_state", fresh)
         kernel.expect(remaining * pair + 2 * pair)
-        for _ in range(2):
-            kernel.counted(pair)
-            assert not kernel.wanted(large, large)
-        assert (fresh.loader is not None) is loads, remaining
-        if fresh.loader is not None:
-            fresh.loader.join()
-            assert fresh.kernel is not None and kernel.wanted(large, large)
+        kernel.counted(pair)
+        assert not kernel.wanted(large, large) and fresh.loader is None  # one pair's bytes seen of the two
+        kernel.counted(pair)
+        assert kernel.wanted(large, large) is loads, remaining
+        assert (fresh.kernel is not None) is loads
 
 
 def test_the_numpy_switch_turns_the_kernel_off(monkeypatch: pytest.MonkeyPatch) -> None:

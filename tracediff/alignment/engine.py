@@ -291,6 +291,7 @@ def measure(loaded: Loaded, paired: Paired, settings: Settings, group: Group | N
     def compare(order: int, pair: Pair, tick: Callable[[Any], None]) -> tuple[RowDraft, Measurement]:
         atol, rtol = settings.tolerance(pair)
         ra, rb = pair.record_a, pair.record_b
+        started(_record_bytes(ra) + _record_bytes(rb))
         measurement = apart.get(order) or (
             compare_transformed(loaded.a, ra, loaded.b, rb, pair.transform, atol=atol, rtol=rtol)
             if pair.transform is not None
@@ -300,10 +301,12 @@ def measure(loaded: Loaded, paired: Paired, settings: Settings, group: Group | N
 
     tick = _progress(progress, pairs)
     total = _pair_bytes(pairs)
+    started: Callable[[int], None] = _no_count
     if total >= _EXPECTED_BYTES:  # a large alignment: the compiled kernel may load early (compare/kernel.py)
         from ..compare import kernel  # numpy with it: a small alignment of statistics never imports it
 
         kernel.expect(total)
+        started = kernel.counted
     # threads help only where numpy works on payloads; statistics are compared in Python, under the GIL
     with _workers(total) as run:
         first: list[tuple[RowDraft, Measurement]] = run(lambda i: compare(i, pairs[i], tick), range(len(pairs)))
@@ -460,6 +463,10 @@ def _modules_not_shown(trace: Trace) -> tuple[str, ...]:
     runtime = trace.metadata.get("runtime")
     listed = runtime.get("modules_not_shown") if isinstance(runtime, dict) else None
     return tuple(path for path in listed if isinstance(path, str)) if isinstance(listed, list) else ()
+
+
+def _no_count(_bytes: int) -> None:
+    pass
 
 
 def _no_tick(_record: Any) -> None:
