@@ -89,12 +89,16 @@ def main() -> None:
         data = program.read_bytes()
         runtime = Runtime.get()
         counter = iter(range(10**6))
+        from tracediff.capturing.adapters.executorch import ExecuTorchAdapter
+
+        # the debug buffer a capture gives this program (every node output twice over): a fixed size runs out
+        buffer = ExecuTorchAdapter().load(program, {"etrecord": etrecord}).buffer_size()
 
         def plain() -> None:
             runtime.load_program(data).load_method("forward").execute([ids, False])
 
         def etdump() -> None:
-            loaded = runtime.load_program(data, enable_etdump=True, debug_buffer_size=64 << 20)
+            loaded = runtime.load_program(data, enable_etdump=True, debug_buffer_size=buffer)
             loaded.load_method("forward").execute([ids, False])
             loaded.write_etdump_result_to_file(str(folder / "run.etdp"), str(folder / "debug.bin"))
 

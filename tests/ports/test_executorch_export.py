@@ -181,10 +181,11 @@ def test_a_mistake_inside_a_delegated_layer_is_named_at_the_delegates_boundary(m
     assert code == 1 and module == "model.layers.1", (module, text[-3000:])
 
 
-def test_a_clean_xnnpack_export_passes(runs: dict[str, FamilyRun]) -> None:
-    """Llama delegated to XNNPACK: the calls whose values never leave a delegate (attention, the MLP) are
-    judged through the layer outputs the delegates hand out, and those pass."""
-    run = runs["llama"]
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
+def test_a_clean_xnnpack_export_passes(runs: dict[str, FamilyRun], family: str) -> None:
+    """Delegated to XNNPACK: the calls whose values never leave a delegate (attention, the MLP) are judged
+    through the layer outputs the delegates hand out, and those pass."""
+    run = runs[family]
     trace = run.captured("xnnpack", xnnpack=True)
     runtime = json.loads((trace / "tracediff_metadata.json").read_text())["runtime"]
     assert "model.layers.0.mlp" in runtime["modules_not_shown"]
