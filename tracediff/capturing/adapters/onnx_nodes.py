@@ -114,10 +114,15 @@ def plan_outputs(graph: onnx.GraphProto) -> tuple[list[PlannedOutput], dict[str,
     planned: list[PlannedOutput] = []
     counts: dict[str, int] = {}
     seen: set[str] = set()
-    for node in graph.node:
+    nodes = list(graph.node)  # protobuf makes a new wrapper at each access: indices name the nodes
+    scoped = [scope_of(node) for node in nodes]
+    inferred = _scopes_from_dataflow(nodes, scoped)
+    for index, node in enumerate(nodes):
         if node.op_type in _NOT_RECORDED and not node.domain:
             continue
-        chain, own, source = scope_of(node)
+        chain, own, source = scoped[index]
+        if source == "none" and index in inferred:
+            chain, source = inferred[index], "dataflow"
         counts[source] = counts.get(source, 0) + 1
         name = short_name(own if source != "none" else None, node.op_type)
         attributes = node_attributes(node)
@@ -132,6 +137,45 @@ def plan_outputs(graph: onnx.GraphProto) -> tuple[list[PlannedOutput], dict[str,
                 key=key, name=f"{name}_output_{index}" if several else name, op=node.op_type, scope=chain,
                 sources=sources, attributes={**attributes, "output_index": index} if several else attributes))
     return planned, counts
+
+
+def _scopes_from_dataflow(nodes: list[onnx.NodeProto], scoped: list[tuple[tuple[str, ...] | None, str | None, str]]
+                          ) -> dict[int, tuple[str, ...]]:
+    """For each node the exporter left without a scope (a ``Split`` an optimization pass made of a ``chunk``),
+    the scopes all its scoped neighbours share, when it has some on both sides: the nodes that made its inputs
+    and those that read its outputs. A node between two modules' nodes gets the module around both; one that
+    only reads a module's output (a graph output's last op) and a graph stripped of every scope get none."""
+    producer: dict[str, tuple[str, ...]] = {}
+    readers: dict[str, list[tuple[str, ...]]] = {}
+    for node, (chain, _, source) in zip(nodes, scoped):
+        if source == "none" or not chain:
+            continue
+        for value in node.output:
+            producer[value] = chain
+        for value in node.input:
+            readers.setdefault(value, []).append(chain)
+    out: dict[int, tuple[str, ...]] = {}
+    for index, node in enumerate(nodes):
+        if scoped[index][2] != "none":
+            continue
+        made_from = [producer[v] for v in node.input if v in producer]
+        read_by = [chain for v in node.output for chain in readers.get(v, ())]
+        if not (made_from and read_by):  # between scoped nodes only: a graph output's last op stays outside
+            continue
+        around = made_from + read_by
+        shared = around[0]
+        for chain in around[1:]:
+            shared = _common_prefix(shared, chain)
+        if shared:
+            out[index] = shared
+    return out
+
+
+def _common_prefix(a: tuple[str, ...], b: tuple[str, ...]) -> tuple[str, ...]:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return a[:n]
 
 
 def marked_bytes(model: onnx.ModelProto, keys: list[str], serialized: bytes | None = None) -> bytes:
