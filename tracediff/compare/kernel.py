@@ -14,12 +14,13 @@ by the same float64 expression). What differs by rounding only: ``mean_abs_err``
 chunks pairwise (``docs/performance.md`` states the bound; ``tests/compare/test_kernel.py`` checks it).
 
 When it runs: once a process has compared ``START_BYTES`` of payloads with numpy (or :func:`prepare` was
-told that many are coming, or :func:`expect` was told of at least ``REMAINING_BYTES`` more and ``EARLY_BYTES``
-of them differed), a background thread imports numba and loads the kernel from numba's cache
+told that many are coming), a background thread imports numba and loads the kernel from numba's cache
 (compiled on the first run, some seconds, and cached next to this module or, where that folder is
 read-only, in numba's user cache folder); pairs go on to numpy meanwhile, and once it is loaded, every
-pair of at least ``MIN_ELEMENTS`` elements goes through it. A small alignment (``tracediff demo``) never
-imports numba. The kernel runs without the GIL, so that the alignment's threads run side by side.
+pair of at least ``MIN_ELEMENTS`` elements goes through it. An alignment told (:func:`expect`) that at least
+``REMAINING_BYTES`` are still to come loads it once ``EARLY_BYTES`` of them differed, and waits for it. A
+small alignment (``tracediff demo``) never imports numba. The kernel runs without the GIL, so that the
+alignment's threads run side by side.
 """
 
 from __future__ import annotations
@@ -71,8 +72,8 @@ VARIABLE = "TRACEDIFF_KERNEL"  # "numpy": never the compiled kernel
 START_BYTES = 2 << 30
 # An alignment that says how many payload bytes it will compare (expect()) loads the kernel early: once
 # EARLY_BYTES of differing pairs were seen with at least REMAINING_BYTES still to come, a sign that a port's
-# pair (every tensor differs) is being compared, and the load, in a thread of its own, overlaps the numpy
-# work of the pairs compared meanwhile. An identical pair, or one where only the last layers differ, never
+# pair (every tensor differs) is being compared; its comparisons wait for the load (numpy beside it, which
+# holds Python's lock, only slowed both). An identical pair, or one where only the last layers differ, never
 # loads it.
 EARLY_BYTES = 64 << 20
 REMAINING_BYTES = 1 << 30
