@@ -125,6 +125,30 @@ def spread_scales(model: nn.Module, *, biases: bool = False) -> nn.Module:
     return model
 
 
+def spread_norms(model: nn.Module) -> nn.Module:
+    """transformers' RMSNorm weights start at one: make them count (an eps or a norm mistake must show)."""
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name and name.endswith("weight"):
+                param.uniform_(0.5, 1.5)
+    return model
+
+
+def export_only_offset(exporting: Callable[[], bool]) -> Callable[[nn.Module], None]:
+    """An edit: layer 1's MLP adds 0.5 to its output, but only while ``exporting()`` (the exporter's own flag,
+    ``torch.onnx.is_in_onnx_export`` or ``torch.compiler.is_exporting``) says so."""
+    def edit(model: nn.Module) -> None:
+        mlp = model.model.layers[1].mlp
+        forward = mlp.forward
+
+        def exported_differently(x: torch.Tensor) -> torch.Tensor:
+            out = forward(x)
+            return out + 0.5 if exporting() else out
+
+        mlp.forward = exported_differently
+    return edit
+
+
 def spread_layernorms(model: nn.Module) -> nn.Module:
     """transformers' LayerNorms start at one and zero, its biases at zero: make them count."""
     with torch.no_grad():

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 import tracediff
-from tests.ports.harness import BF16, CLEAN, Outcome, inside, relative
+from tests.ports.harness import BF16, CLEAN, Outcome, inside, relative, spread_norms
 from tracediff.cli.main import main as cli_main
 
 INSTALL = 'pip install -c constraints.txt -e ".[mlx]"'
@@ -70,15 +70,6 @@ class MlxPort:
 
     def cases(self) -> tuple[str, ...]:
         return (CLEAN, *(bug.name for bug in self.bugs), *((BF16,) if self.bf16 else ()))
-
-
-def spread_norms(model: torch.nn.Module) -> torch.nn.Module:
-    """transformers' RMSNorm weights start at one: make them count (an eps or a norm mistake must show)."""
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "norm" in name and name.endswith("weight"):
-                param.uniform_(0.5, 1.5)
-    return model
 
 
 @dataclass

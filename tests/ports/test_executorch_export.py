@@ -32,7 +32,7 @@ pytest.importorskip("executorch.runtime", reason="executorch is not installed (s
 transformers = pytest.importorskip("transformers")
 
 import tracediff  # noqa: E402
-from tests.ports.harness import inside, relative  # noqa: E402
+from tests.ports.harness import export_only_offset, inside, relative, spread_norms  # noqa: E402
 from tracediff.cli.main import main  # noqa: E402
 
 COMMON = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -45,11 +45,7 @@ def reference_model(family: str) -> torch.nn.Module:
     config_class, model_class = FAMILIES[family]
     torch.manual_seed(0)
     model = getattr(transformers, model_class)(getattr(transformers, config_class)(**COMMON)).eval()
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "norm" in name and name.endswith("weight"):
-                param.uniform_(0.5, 1.5)
-    return model
+    return spread_norms(model)
 
 
 def token_ids() -> torch.Tensor:
@@ -149,16 +145,8 @@ def test_the_command_line_captures_a_program_and_aligns_it(runs: dict[str, Famil
 # --- export mistakes --------------------------------------------------------------------------------------------
 
 
-def export_only_branch(model: torch.nn.Module) -> None:
-    """Layer 1's MLP adds 0.5 to its output, but only while it is being exported."""
-    mlp = model.model.layers[1].mlp
-    forward = mlp.forward
-
-    def exported_differently(x: torch.Tensor) -> torch.Tensor:
-        out = forward(x)
-        return out + 0.5 if torch.compiler.is_exporting() else out
-
-    mlp.forward = exported_differently
+#: Layer 1's MLP adds 0.5 to its output, but only while it is being exported
+export_only_branch = export_only_offset(torch.compiler.is_exporting)
 
 
 @pytest.fixture(scope="module")

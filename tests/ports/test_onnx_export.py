@@ -36,7 +36,7 @@ pytest.importorskip("onnxscript", reason="the onnx extra is not installed (torch
 transformers = pytest.importorskip("transformers")
 
 import tracediff  # noqa: E402
-from tests.ports.harness import inside, relative  # noqa: E402
+from tests.ports.harness import export_only_offset, inside, relative, spread_norms  # noqa: E402
 from tracediff.capturing.adapters.onnx_nodes import scope_of  # noqa: E402
 from tracediff.cli.main import main  # noqa: E402
 
@@ -58,11 +58,7 @@ def reference_model(family: str) -> torch.nn.Module:
     torch.manual_seed(0)
     config = getattr(transformers, config_class)(**COMMON, **(extra[0] if extra else {}))
     model = getattr(transformers, model_class)(config).eval()
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "norm" in name and name.endswith("weight"):
-                param.uniform_(0.5, 1.5)
-    return model
+    return spread_norms(model)
 
 
 def token_ids() -> torch.Tensor:
@@ -191,16 +187,8 @@ def test_the_command_line_captures_an_export_and_aligns_it(runs: dict[str, Famil
 # --- export mistakes --------------------------------------------------------------------------------------------
 
 
-def export_only_branch(model: torch.nn.Module) -> None:
-    """Layer 1's MLP adds 0.5 to its output, but only while it is being exported."""
-    mlp = model.model.layers[1].mlp
-    forward = mlp.forward
-
-    def exported_differently(x: torch.Tensor) -> torch.Tensor:
-        out = forward(x)
-        return out + 0.5 if torch.onnx.is_in_onnx_export() else out
-
-    mlp.forward = exported_differently
+#: Layer 1's MLP adds 0.5 to its output, but only while it is being exported
+export_only_branch = export_only_offset(torch.onnx.is_in_onnx_export)
 
 
 @pytest.mark.parametrize("exporter", EXPORTERS)
