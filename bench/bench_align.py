@@ -14,9 +14,10 @@ after the embedding differs: a port) and ``last`` (only the last decoder
 layer perturbed: every tensor before it identical). Each pair's row shows the
 throughput of one numpy pass over the same payload pairs beside it (``a - b``
 chunk by chunk, two threads: what reading the bytes costs at least) and the
-ratio of the two. Large pairs are compared by the compiled one-pass kernel when
-numba is installed (``tracediff[fast]``); ``TRACEDIFF_KERNEL=numpy`` times the
-numpy path instead. The page cache is warmed by reading every file
+ratio of the two. Large pairs are compared by the compiled one-pass kernel: its
+C build where a C compiler is found (built on first use, cached), else numba's
+(``tracediff[fast]``); ``TRACEDIFF_KERNEL=numba`` or ``=numpy`` times that path
+instead. The page cache is warmed by reading every file
 once, then ``align`` runs ``--repeats`` times per pair; throughput is the
 bytes of both traces' payloads over the median time. Peak RSS is measured in
 a fresh process per size, next to the RSS of that process before aligning.
@@ -34,7 +35,8 @@ else of ``align`` (loading, pairing, rows) is in that figure.
 
 ``--cli`` times the whole command, ``tracediff align REF OTHER``, in a fresh
 process per run (start-up, imports, reading, comparing, rendering), next to
-``tracediff align --help`` (start-up alone), with each process's peak RSS, and
+``tracediff align --help`` (start-up alone), with each process's peak RSS (the
+port pair also under ``TRACEDIFF_KERNEL=numba`` and ``=numpy``, beside it), and
 ``--demo`` the same for the two small traces of ``tracediff demo`` (written
 into the work folder once). The child processes run in an empty folder, so
 the ``tracediff`` they import is the one on ``PYTHONPATH`` (to time another
@@ -221,25 +223,31 @@ def time_comparison(ref: Path, other: Path, repeats: int, floor: bool = False) -
 
 
 def comparison_kernel() -> str:
-    """Which comparison runs on large pairs: the compiled one-pass kernel (numba) or numpy."""
+    """Which comparison runs on large pairs: the compiled one-pass kernel (its C or numba build) or numpy."""
     try:
         from tracediff.compare import kernel
     except ImportError:
         return "numpy (this tracediff has no compiled kernel)"
     if not kernel.enabled() or kernel.load() is None:
-        return f"numpy ({kernel.VARIABLE}=numpy or numba missing)"
+        return f"numpy ({kernel.VARIABLE}=numpy, or neither a C compiler nor numba)"
+    loaded = kernel.load()
+    if type(loaded).__module__.endswith("fused_c"):
+        return f"compiled one-pass kernel (C build) for pairs of {kernel.MIN_ELEMENTS}+ elements"
     import numba  # type: ignore[import-untyped]
 
     return f"compiled one-pass kernel (numba {numba.__version__}) for pairs of {kernel.MIN_ELEMENTS}+ elements"
 
 
-def time_cli(argv: list[str], repeats: int) -> tuple[float, float, int]:
+def time_cli(argv: list[str], repeats: int, kernel: str | None = None) -> tuple[float, float, int]:
     """Median seconds and the largest peak RSS (MB) of ``argv`` run as a fresh process, and its exit code
-    (``CLI_CPU[-1]`` then holds the median CPU seconds, user and system, of those runs)."""
+    (``CLI_CPU[-1]`` then holds the median CPU seconds, user and system, of those runs); ``kernel``: the
+    comparison's ``TRACEDIFF_KERNEL`` for the runs."""
     # The peak RSS comes from GNU time: a child forked from this (large) process would report this
     # process's RSS, which Linux carries across exec into the child's high-water mark.
     timer = shutil.which("time") or "/usr/bin/time"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    if kernel is not None:
+        env["TRACEDIFF_KERNEL"] = kernel
     times, peaks, cpu, code = [], [], [], 0
     with tempfile.TemporaryDirectory() as empty:  # no ./tracediff shadows the one on PYTHONPATH
         for _ in range(repeats + 1):  # the first run warms the page cache and writes the bytecode
@@ -360,10 +368,14 @@ def main() -> None:
         seconds, peak, code = time_cli(tool + ["align", "--help"], args.repeats)
         print(f"{'align --help (start-up)':<28}{'':>10}{seconds:>10.3f}{'':>8}{peak:>13.0f}  {code}"
               f"  CPU {CLI_CPU[-1]:.3f} s")
-        for pair in ("same", "port", "last"):
+        runs = [(pair, None) for pair in ("same", "port", "last")]
+        runs += [("port", build) for build in ("numba", "numpy")]  # the port pair on the other paths, beside it
+        for pair, build in runs:
             total = payload_bytes(here / "ref") + payload_bytes(here / pair)
-            seconds, peak, code = time_cli(tool + ["align", str(here / "ref"), str(here / pair)], args.repeats)
-            print(f"{'align ref ' + pair:<28}{total / 1e6:>10.0f}{seconds:>10.3f}{total / seconds / 1e9:>8.2f}"
+            seconds, peak, code = time_cli(tool + ["align", str(here / "ref"), str(here / pair)], args.repeats,
+                                           build)
+            name = f"align ref {pair}" + (f" ({build})" if build else "")
+            print(f"{name:<28}{total / 1e6:>10.0f}{seconds:>10.3f}{total / seconds / 1e9:>8.2f}"
                   f"{peak:>13.0f}  {code}  CPU {CLI_CPU[-1]:.3f} s")
 
     if args.demo:

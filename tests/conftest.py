@@ -37,6 +37,23 @@ def pytest_report_header() -> str:
 
 
 @pytest.fixture(autouse=True, scope="session")
+def _compiled_pass_built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The C build of the comparison's pass, built once into a cache of this run's own before any test: every
+    test (and every process a test starts) then meets the state a user has after the first large ``align``,
+    whatever ran before, and no test writes to the user's cache."""
+    from tracediff.compare import fused_c
+
+    before = os.environ.get("XDG_CACHE_HOME")
+    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("cache"))
+    fused_c.load()  # None without a C compiler: then numba's build or numpy, as for a user
+    yield
+    if before is None:
+        del os.environ["XDG_CACHE_HOME"]
+    else:
+        os.environ["XDG_CACHE_HOME"] = before
+
+
+@pytest.fixture(autouse=True, scope="session")
 def _written_traces_conform_to_the_schema() -> Iterator[None]:
     """Every trace any test writes is validated against ``tracediff/trace_schema.json`` as it is written."""
     try:

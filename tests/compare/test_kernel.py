@@ -16,7 +16,9 @@ lets the compiler reorder only its sums, and never fuses a multiply-add), so tho
 
 from __future__ import annotations
 
+import importlib.util
 import math
+import pathlib
 from collections.abc import Callable, Iterator
 from dataclasses import fields
 from typing import Any
@@ -28,25 +30,35 @@ from hypothesis import strategies as st
 
 from tests.rounding import U64, cosine_error, gamma, kappa, mean_error, pcc_error
 from tracediff import order
-from tracediff.compare import kernel, metrics
+from tracediff.compare import fused_c, kernel, metrics
 from tracediff.compare.metrics import measure_tensors
 from tracediff.trace.payload import Payload, as_floats
 
-pytest.importorskip("numba", reason="the compiled kernel needs numba (pip install 'tracediff[fast]')")
+_NUMBA = importlib.util.find_spec("numba") is not None
+BUILDS = [pytest.param("c", marks=pytest.mark.skipif(fused_c.compiler() is None, reason="no C compiler")),
+          pytest.param("numba", marks=pytest.mark.skipif(not _NUMBA, reason="numba is not installed"))]
 
 Path = Callable[[str], None]
 SUMS = ("mean_abs_err", "rms_err", "cosine")
 
 
+@pytest.fixture(params=BUILDS)
+def build(request: pytest.FixtureRequest) -> str:
+    """Each build of the compiled pass in turn: C, then numba."""
+    return str(request.param)
+
+
 @pytest.fixture
-def path(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """``path("kernel")`` sends every pair through the compiled kernel, ``path("numpy")`` through numpy."""
+def path(monkeypatch: pytest.MonkeyPatch, build: str) -> Iterator[Path]:
+    """``path("kernel")`` sends every pair through the compiled kernel (the build under test), ``path("numpy")``
+    through numpy; each call starts from a fresh state, as a new process would."""
 
     def choose(name: str) -> None:
+        monkeypatch.setattr(kernel, "_state", kernel._State())
         if name == "numpy":
             monkeypatch.setenv(kernel.VARIABLE, "numpy")
         else:
-            monkeypatch.delenv(kernel.VARIABLE, raising=False)
+            monkeypatch.setenv(kernel.VARIABLE, build)
             monkeypatch.setattr(kernel, "MIN_ELEMENTS", 1)
             assert kernel.load() is not None  # loaded now, not in the background
 
@@ -207,7 +219,14 @@ def test_float64_sums_out_of_range_are_summed_again_on_scaled_values(scale: floa
     _assert_same(a, b, *found, unit=U64)
 
 
-def test_small_pairs_and_small_alignments_stay_on_numpy(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def nothing_cached(monkeypatch: pytest.MonkeyPatch, tmp_path: pathlib.Path) -> None:
+    """No C build cached yet (a first run): loading it builds it (or takes numba's where no compiler is)."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+
+
+def test_small_pairs_and_small_alignments_stay_on_numpy(monkeypatch: pytest.MonkeyPatch, nothing_cached: None
+                                                        ) -> None:
     """Below MIN_ELEMENTS the kernel is never asked for; until START_BYTES were compared it is not loaded, and
     then it loads in the background while pairs go on to numpy."""
     monkeypatch.delenv(kernel.VARIABLE, raising=False)
@@ -224,7 +243,8 @@ def test_small_pairs_and_small_alignments_stay_on_numpy(monkeypatch: pytest.Monk
     assert fresh.kernel is not None and kernel.wanted(large, large)
 
 
-def test_a_large_alignment_of_differing_pairs_loads_the_kernel_early(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_large_alignment_of_differing_pairs_loads_the_kernel_early(monkeypatch: pytest.MonkeyPatch,
+                                                                    tmp_path: pathlib.Path) -> None:
     """Told how many bytes are coming (expect), the kernel loads once EARLY_BYTES of differing pairs were seen
     with REMAINING_BYTES still to come, and that pair already goes through it; with less to come (only the last
     layers differ) it stays unloaded."""
@@ -235,6 +255,7 @@ def test_a_large_alignment_of_differing_pairs_loads_the_kernel_early(monkeypatch
     monkeypatch.setattr(kernel, "EARLY_BYTES", 2 * pair)
     monkeypatch.setattr(kernel, "REMAINING_BYTES", 10 * pair)
     for remaining, loads in ((50, True), (5, False)):
+        monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / str(remaining)))  # nothing cached: a first run
         fresh = kernel._State()
         monkeypatch.setattr(kernel, "_state", fresh)
         kernel.expect(remaining * pair + 2 * pair)
@@ -255,7 +276,7 @@ def test_the_numpy_switch_turns_the_kernel_off(monkeypatch: pytest.MonkeyPatch) 
 def test_align_rows_are_the_same_on_both_paths(path: Path, reorder: None) -> None:
     import tracediff
 
-    fixtures = __import__("pathlib").Path(__file__).resolve().parents[2] / "fixtures" / "llama_tiny"
+    fixtures = pathlib.Path(__file__).resolve().parents[2] / "fixtures" / "llama_tiny"
     ref, bug = fixtures / "ref", fixtures / "port_bug"
     results = []
     for name in ("numpy", "kernel"):
@@ -306,19 +327,19 @@ def wide_pairs(draw: st.DrawFn) -> tuple[np.ndarray, np.ndarray]:
     return np.array(a, dtype), np.array(b, dtype)
 
 
+@pytest.mark.parametrize("build", BUILDS)
 @settings(max_examples=80, deadline=None)
 @given(pair=wide_pairs(), atol=st.sampled_from([0.0, 1e-5, 1.0]), rtol=st.sampled_from([0.0, 1.3e-6, 0.5]))
 def test_exact_results_agree_over_the_whole_float_range(pair: tuple[np.ndarray, np.ndarray], atol: float,
-                                                        rtol: float) -> None:
+                                                        rtol: float, build: str) -> None:
     a, b = pair
     a, b = np.tile(a, (3, 1)), np.tile(b, (3, 1))  # each position along dim 1 holds three elements
     found = []
-    for name in ("numpy", "kernel"):
+    for name in ("numpy", build):
         with pytest.MonkeyPatch.context() as patch:
-            if name == "numpy":
-                patch.setenv(kernel.VARIABLE, "numpy")
-            else:
-                patch.delenv(kernel.VARIABLE, raising=False)
+            patch.setattr(kernel, "_state", kernel._State())
+            patch.setenv(kernel.VARIABLE, name)
+            if name != "numpy":
                 patch.setattr(kernel, "MIN_ELEMENTS", 1)
                 assert kernel.load() is not None
             found.append(measure_tensors(a, b, atol=atol, rtol=rtol, along=1))

@@ -23,12 +23,11 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-# the columns of one chunk's row in the output
-FINITE, MAX_ABS, MAX_REL, SUM_ABS, SUM_SQ, DOT, NORM_A, NORM_B = range(8)
-NAN_MISMATCH, INF_MISMATCH, FAILED_RULE, FAILED_EXCESS, NONFINITE_FAILED, CLEAN = range(8, 14)
-MOMENT_N, MEAN_A, MEAN_B, M2_A, M2_B, C_AB = range(14, 20)
-COLUMNS = 20
-BLOCK = 2048  # elements per block: 16 KiB of a float32 pair, 32 KiB of a float64 one
+from . import fused_columns as col
+from .fused_columns import BLOCK, COLUMNS
+
+__all__ = ["BLOCK", "COLUMNS", "fused_pass"]
+
 # float32's largest finite value plus half an ulp: a float32 difference this large rounds to infinity
 _FLOAT32_OVERFLOW = 3.4028235677973366e38
 _FREE_ORDER = {"reassoc", "nsz"}  # sums only: their order may change, never a value's NaN or infinity
@@ -258,21 +257,21 @@ def fused_pass(a: np.ndarray, b: np.ndarray, flat: int, chunk: int, block: int, 
                 mn = total
             finite += bn
         row = out[k]
-        row[FINITE] = finite
-        row[MAX_ABS] = max_abs  # the largest so far (carried, as max_rel)
-        row[MAX_REL] = max_rel
-        row[SUM_ABS:NORM_B + 1] = acc[:5]
-        row[NAN_MISMATCH] = counts[2]
-        row[INF_MISMATCH] = counts[3]
-        row[FAILED_RULE] = counts[0]
-        row[FAILED_EXCESS] = counts[1]
-        row[NONFINITE_FAILED] = counts[4]
-        row[CLEAN] = 1.0 if clean else 0.0
-        row[MOMENT_N] = mn
-        row[MEAN_A] = mean_a
-        row[MEAN_B] = mean_b
-        row[M2_A] = m2_a
-        row[M2_B] = m2_b
-        row[C_AB] = c_ab
+        row[col.FINITE] = finite
+        row[col.MAX_ABS] = max_abs  # the largest so far (carried, as max_rel)
+        row[col.MAX_REL] = max_rel
+        row[col.SUM_ABS:col.NORM_B + 1] = acc[:5]
+        row[col.NAN_MISMATCH] = counts[2]
+        row[col.INF_MISMATCH] = counts[3]
+        row[col.FAILED_RULE] = counts[0]
+        row[col.FAILED_EXCESS] = counts[1]
+        row[col.NONFINITE_FAILED] = counts[4]
+        row[col.CLEAN] = 1.0 if clean else 0.0
+        row[col.MOMENT_N] = mn
+        row[col.MEAN_A] = mean_a
+        row[col.MEAN_B] = mean_b
+        row[col.M2_A] = m2_a
+        row[col.M2_B] = m2_b
+        row[col.C_AB] = c_ab
         k += 1
     return k
