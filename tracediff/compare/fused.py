@@ -24,9 +24,8 @@ import numpy as np
 from numba import njit
 
 from . import fused_columns as col
-from .fused_columns import BLOCK, COLUMNS
 
-__all__ = ["BLOCK", "COLUMNS", "fused_pass"]
+__all__ = ["fused_pass"]
 
 # float32's largest finite value plus half an ulp: a float32 difference this large rounds to infinity
 _FLOAT32_OVERFLOW = 3.4028235677973366e38

@@ -33,8 +33,9 @@ import numpy as np
 from .fused_columns import COLUMNS
 
 SOURCE = Path(__file__).with_name("fused_pass.c")
-# strict IEEE arithmetic: no fused multiply-add, no reordering (fused_pass.c vectorizes its sums by lanes);
-# math-errno and trapping only concern errno and floating-point exception flags, which nothing reads
+# strict IEEE arithmetic: no fused multiply-add, no reordering (fused_pass.c frees the order of its two summing
+# functions alone, by pragma); math-errno and trapping only concern errno and floating-point exception flags,
+# which nothing reads
 FLAGS = ("-O3", "-ffp-contract=off", "-fno-math-errno", "-fno-trapping-math", "-fPIC", "-shared")
 BUILD_SECONDS = 120  # a compiler that hangs leaves the comparison to numba or numpy
 _ARGS = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64,
@@ -97,31 +98,42 @@ def _private(path: Path, kind: int) -> bool:
     return stat.S_IFMT(found.st_mode) == kind and found.st_uid == os.getuid() and not found.st_mode & 0o022
 
 
-def cached() -> Callable[..., int] | None:
-    """The pass from a library already built for this machine, or None (nothing is built here)."""
-    command = compiler()
-    if command is None:
-        return None
-    try:
-        path = library(command, cpu()[1])
-    except OSError:  # the source or the compiler went missing: no build
-        return None
-    if not (_private(path.parent, stat.S_IFDIR) and _private(path, stat.S_IFREG)):
-        return None
-    return _opened(path)
-
-
-def load() -> Callable[..., int] | None:
-    """The pass, built now if it is not cached; None without a compiler or when the build fails."""
-    found = cached()
-    if found is not None:
-        return found
+def _build_plan() -> tuple[list[str], tuple[str, ...], Path] | None:
+    """The compiler's command, the CPU's flags and the library's path, or None without a compiler (or when
+    the source or the compiler went missing)."""
     command = compiler()
     if command is None:
         return None
     native, target = cpu()
     try:
-        path = library(command, target)
+        return command, native, library(command, target)
+    except OSError:
+        return None
+
+
+def _loaded(path: Path) -> Callable[..., int] | None:
+    """The pass from ``path`` if it is a library of this user's that no one else could have written."""
+    if not (_private(path.parent, stat.S_IFDIR) and _private(path, stat.S_IFREG)):
+        return None
+    return _opened(path)
+
+
+def cached() -> Callable[..., int] | None:
+    """The pass from a library already built for this machine, or None (nothing is built here)."""
+    plan = _build_plan()
+    return None if plan is None else _loaded(plan[2])
+
+
+def load() -> Callable[..., int] | None:
+    """The pass, built now if it is not cached; None without a compiler or when the build fails."""
+    plan = _build_plan()
+    if plan is None:
+        return None
+    command, native, path = plan
+    found = _loaded(path)
+    if found is not None:
+        return found
+    try:
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     except OSError:
         return None

@@ -72,7 +72,6 @@ if TYPE_CHECKING:  # annotations only: nothing here is built at import
     A = TypeVar("A", bound=Accumulating)
 
 VARIABLE = "TRACEDIFF_KERNEL"  # "numpy": never the compiled kernel; "c", "numba": only that build
-BUILDS = ("c", "numba")
 # Payload bytes of differing pairs a process compares with numpy before it loads the kernel. Importing numba
 # and loading the kernel cost about 1 CPU second (numba imports scipy when it is installed) and 130 MB of
 # memory; the kernel saves about 0.5 CPU second per GB of differing pairs (bench/bench_align.py, a port):
@@ -296,5 +295,5 @@ def _merge(rows: np.ndarray, fa: np.ndarray, fb: np.ndarray, dtype_a: str, dtype
         acc.pearson.moments = moments
 
 
-__all__ = ["BUILDS", "EARLY_BYTES", "MIN_ELEMENTS", "REMAINING_BYTES", "START_BYTES", "VARIABLE", "accumulate",
+__all__ = ["EARLY_BYTES", "MIN_ELEMENTS", "REMAINING_BYTES", "START_BYTES", "VARIABLE", "accumulate",
            "counted", "enabled", "expect", "load", "prepare", "wanted"]
