@@ -17,6 +17,9 @@ spreads evenly:
 - ``plain``: ``llm.reset(); llm.eval(tokens)``: one decode of the prompt;
 - ``plain_fresh_context``: the same decode in a context created for it (what a capture does: llama.cpp's
   eval callback is set when a context is created), recording nothing: how much of the cost is the context;
+- ``callback_only``: the same in a context whose eval callback asks for every node and reads none (returns
+  at once, in Python through ctypes as a capture's does): ggml then computes the graph node by node, a node
+  per graph compute; what no capture through llama.cpp's eval callback can beat;
 - ``full``: ``tracediff.capture(llm, out)`` around the decode (every node's payload and statistics);
 - ``summary``: the same with ``tensors="summary"`` (statistics only);
 - ``write_floor``: writing the bytes a full capture writes, as payload files of the same sizes, to a fresh
@@ -45,7 +48,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from rotated import rotated_medians  # noqa: E402  (bench/, the script's own folder)
+from rotated import rotated_medians, write_floor  # noqa: E402  (bench/, the script's own folder)
 
 SIZES = {
     "small": dict(hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=8,
@@ -85,22 +88,6 @@ def written(gguf: Path, tokens: list[int], out_root: Path) -> tuple[list[int], i
     return sizes, session.calls
 
 
-def write_floor(sizes: list[int], out_root: Path) -> Callable[[], None]:
-    """Write files of ``sizes`` bytes to a fresh folder, as the payload writer would."""
-    blobs = [os.urandom(min(size, 1 << 16)) * (size // (1 << 16) + 1) for size in sizes]
-    blobs = [blob[:size] for blob, size in zip(blobs, sizes)]
-
-    def run() -> None:
-        out = Path(tempfile.mkdtemp(dir=out_root))
-        try:
-            for index, blob in enumerate(blobs):
-                with open(out / f"{index}.safetensors", "wb") as f:
-                    f.write(blob)
-        finally:
-            shutil.rmtree(out)
-    return run
-
-
 def configurations(gguf: Path, tokens: list[int], out_root: Path) -> dict[str, Callable[[], None]]:
     import llama_cpp
     from llama_cpp import _internals
@@ -126,6 +113,20 @@ def configurations(gguf: Path, tokens: list[int], out_root: Path) -> dict[str, C
             llm._ctx = own
             context.close()
 
+    def callback_only() -> None:
+        params = llama_cpp.llama_context_params.from_buffer_copy(llm.context_params)
+        callback = llama_cpp.ggml_backend_sched_eval_callback(lambda _node, _ask, _data: True)
+        params.cb_eval, params.cb_eval_user_data = callback, None
+        own = llm._ctx
+        context = _internals.LlamaContext(model=llm._model, params=params, verbose=False)
+        llm._ctx = context
+        try:
+            llm.reset()
+            llm.eval(tokens)
+        finally:
+            llm._ctx = own
+            context.close()
+
     def captured(tensors: str) -> Callable[[], None]:
         def run() -> None:
             out = Path(tempfile.mkdtemp(dir=out_root)) / "trace"
@@ -136,8 +137,8 @@ def configurations(gguf: Path, tokens: list[int], out_root: Path) -> dict[str, C
                 shutil.rmtree(out.parent)
         return run
 
-    return {"plain": plain, "plain_fresh_context": plain_fresh_context, "full": captured("full"),
-            "summary": captured("summary")}
+    return {"plain": plain, "plain_fresh_context": plain_fresh_context, "callback_only": callback_only,
+            "full": captured("full"), "summary": captured("summary")}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -169,6 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     floor = medians["plain"] + medians["write_floor"]
     per_full = (medians["full"] - medians["plain_fresh_context"] - medians["write_floor"]) / max(nodes, 1)
     per_summary = (medians["summary"] - medians["plain_fresh_context"]) / max(nodes, 1)
+    print(f"the eval callback alone: {medians['callback_only'] / medians['plain']:.2f}x plain, "
+          f"{(medians['callback_only'] - medians['plain_fresh_context']) / max(nodes, 1) * 1e6:.0f} us per node")
     print(f"full: {medians['full'] / floor:.2f}x (plain + write floor {floor:.4f} s); summary: "
           f"{medians['summary'] / medians['plain']:.2f}x plain; per node: full {per_full * 1e6:.0f} us, summary "
           f"{per_summary * 1e6:.0f} us")

@@ -15,9 +15,14 @@ evenly:
   work and nothing else;
 - ``marked_run``: the same run on a session whose outputs also hold every node's output (what a capture runs),
   made once, nothing recorded: how much of the cost is ONNX Runtime returning every value;
+- ``marked_fresh``: the marked graph serialized, a session made of it and run once, nothing recorded: what a
+  capture from a ``ModelProto`` cannot do without (ONNX Runtime returns the values only from a session of
+  the marked graph);
 - ``full``: ``tracediff.capture_file(model, out, inputs=...)``: the whole capture, from the ``ModelProto`` to the
   written trace (the marked session made, the run, every node's payload and statistics);
-- ``summary``: the same with ``tensors="summary"`` (statistics only).
+- ``summary``: the same with ``tensors="summary"`` (statistics only);
+- ``write_floor``: writing the bytes a full capture writes, as payload files of the same sizes, to a fresh
+  folder: with ``plain``, what no full capture can beat.
 
 Each capture writes into a fresh folder under ``--out-root`` (default: the system temp dir), deleted after it is
 measured. Medians are printed with the ratio to ``plain``. Nothing here asserts.
@@ -41,7 +46,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from rotated import rotated_medians  # noqa: E402  (bench/, the script's own folder)
+from rotated import payload_sizes, rotated_medians, write_floor  # noqa: E402  (bench/, the script's own folder)
 
 SETTINGS = dict(hidden_size=512, intermediate_size=1376, num_hidden_layers=8, num_attention_heads=8,
                 num_key_value_heads=8, vocab_size=1024, max_position_embeddings=1024)
@@ -79,6 +84,10 @@ def configurations(proto: Any, ids: Any, out_root: Path) -> dict[str, Callable[[
     def marked_run() -> None:
         marked_session.run(keys, feeds)
 
+    def marked_fresh() -> None:
+        session = ort.InferenceSession(marked_bytes(proto, keys), providers=["CPUExecutionProvider"])
+        session.run(keys, feeds)
+
     def captured(tensors: str) -> Callable[[], None]:
         def run() -> None:
             out = Path(tempfile.mkdtemp(dir=out_root)) / "trace"
@@ -88,7 +97,20 @@ def configurations(proto: Any, ids: Any, out_root: Path) -> dict[str, Callable[[
                 shutil.rmtree(out.parent)
         return run
 
-    return {"plain": plain, "marked_run": marked_run, "full": captured("full"), "summary": captured("summary")}
+    return {"plain": plain, "marked_run": marked_run, "marked_fresh": marked_fresh, "full": captured("full"),
+            "summary": captured("summary")}
+
+
+def written(proto: Any, ids: Any, out_root: Path) -> list[int]:
+    """The payload sizes of one full capture (for the write floor)."""
+    import tracediff
+
+    out = Path(tempfile.mkdtemp(dir=out_root)) / "trace"
+    try:
+        tracediff.capture_file(proto, out, inputs={"kwargs.input_ids": ids})
+        return payload_sizes(out)
+    finally:
+        shutil.rmtree(out.parent)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -102,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
 
     proto, ids = build(args.seq)
     runs = configurations(proto, ids, args.out_root)
+    runs["write_floor"] = write_floor(written(proto, ids, args.out_root), args.out_root)
     names = list(runs)
     medians, times, load = rotated_medians(runs, args.repeats)
     print(f"onnxruntime {onnxruntime.__version__}, {platform.processor() or platform.machine()}, "
@@ -110,6 +133,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'config':12} {'median s':>9} {'x plain':>8}")
     for name in names:
         print(f"{name:12} {medians[name]:9.4f} {medians[name] / medians['plain']:7.2f}x")
+    floor = medians["plain"] + medians["write_floor"]
+    print(f"full: {medians['full'] / floor:.2f}x (plain + write floor {floor:.4f} s); summary: "
+          f"{medians['summary'] / medians['plain']:.2f}x plain; the marked session made and run alone: "
+          f"{medians['marked_fresh'] / medians['plain']:.2f}x plain")
     if args.json is not None:
         record: dict[str, Any] = {"medians": medians, "times": times, "load": load,
                                   "onnxruntime": onnxruntime.__version__, "seq": args.seq}

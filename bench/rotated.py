@@ -4,9 +4,12 @@ every configuration alike."""
 from __future__ import annotations
 
 import os
+import shutil
 import statistics
+import tempfile
 import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
 
 
 def rotated_medians(runs: Mapping[str, Callable[[], object]], repeats: int
@@ -24,3 +27,24 @@ def rotated_medians(runs: Mapping[str, Callable[[], object]], repeats: int
             runs[name]()
             times[name].append(time.perf_counter() - start)
     return {name: statistics.median(values) for name, values in times.items()}, times, load
+
+
+def write_floor(sizes: list[int], out_root: Path) -> Callable[[], None]:
+    """Write files of ``sizes`` bytes to a fresh folder, as the payload writer would."""
+    blobs = [os.urandom(min(size, 1 << 16)) * (size // (1 << 16) + 1) for size in sizes]
+    blobs = [blob[:size] for blob, size in zip(blobs, sizes)]
+
+    def run() -> None:
+        out = Path(tempfile.mkdtemp(dir=out_root))
+        try:
+            for index, blob in enumerate(blobs):
+                with open(out / f"{index}.safetensors", "wb") as f:
+                    f.write(blob)
+        finally:
+            shutil.rmtree(out)
+    return run
+
+
+def payload_sizes(folder: Path) -> list[int]:
+    """The sizes of the payload files a capture wrote into ``folder``."""
+    return [path.stat().st_size for path in folder.glob("*.safetensors")]

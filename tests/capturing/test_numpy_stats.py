@@ -70,3 +70,64 @@ def test_numpy_stats_agree_with_tensor_stats(name: str, tensor: torch.Tensor) ->
             assert math.isnan(ours[key]), key
         else:
             assert ours[key] == value, key
+
+
+def _compiled_cases() -> list[tuple[str, torch.Tensor]]:
+    g = torch.Generator().manual_seed(1)
+    blocks = torch.randn(3 * 2048 + 5, generator=g)
+    blocks[2048 + 17] = math.nan  # a non-finite element in the second block only: that block's strict extremes
+    blocks[3 * 2048 + 2] = -math.inf
+    signed = torch.tensor([0.0, -0.0, 1e-45, -1e-45, 3.0e38, -3.0e38])  # zeros, subnormals, float32's range
+    huge = torch.tensor([1e200, -1e200, 5.0], dtype=torch.float64)  # float64 squares overflow alike
+    only = torch.full((2049,), math.inf)
+    only[7] = math.nan
+    return [("one", torch.tensor([2.5])), ("blocks", blocks), ("signed", signed), ("huge", huge),
+            ("non-finite only", only), ("chunks", torch.randn(2 * CHUNK + 3, generator=g) * 1e3 + 7),
+            ("float16", torch.randn(5000, generator=g).half()), ("bfloat16", torch.randn(5000, generator=g).bfloat16()),
+            *tensors()]
+
+
+@pytest.mark.parametrize(("name", "tensor"), _compiled_cases(), ids=[name for name, _ in _compiled_cases()])
+def test_the_compiled_statistics_are_numpys(name: str, tensor: torch.Tensor, monkeypatch: pytest.MonkeyPatch
+                                            ) -> None:
+    """The C build's one pass against numpy's: counts, minimum and maximum exact; each float64 sum within
+    ``gamma(n + 1, U64)`` of ``sum |terms|`` in any order on both sides (so mean, abs_mean and std within twice
+    that, through the same formulas as ``_allowed``)."""
+    from tracediff.capturing.stats import _compiled_stats
+    from tracediff.compare import fused_c
+
+    if fused_c.compiler() is None:
+        pytest.skip("no C compiler: the numpy path is the only one")
+    assert _compiled_stats() is not None  # a compiler is here: the C build must load
+    compiled = numpy_stats(tensor)
+    monkeypatch.setenv("TRACEDIFF_KERNEL", "numpy")
+    reference = numpy_stats(tensor)
+    assert list(compiled) == list(reference)
+    n = reference["numel"] - reference.get("nan", 0) - reference.get("posinf", 0) - reference.get("neginf", 0)
+    for key, value in reference.items():
+        if key in SUMS and isinstance(value, float) and math.isfinite(value) and n > 1:
+            bound = 2 * gamma(n + 1, U64) * (abs(reference["abs_mean"]) if key != "std" else 1.0)
+            if key == "std":
+                mean, std, abs_mean = reference["mean"], reference["std"], reference["abs_mean"]
+                s2 = (n - 1) * std * std + n * mean * mean
+                dvar = 2 * gamma(n + 1, U64) * (s2 + 2 * n * abs(mean) * abs_mean) / (n - 1)
+                bound = dvar / (2 * std) if std > 0 else math.sqrt(dvar)
+            assert abs(compiled[key] - value) <= bound, key
+        elif isinstance(value, float) and math.isnan(value):
+            assert math.isnan(compiled[key]), key
+        else:
+            assert compiled[key] == value, key
+
+
+def test_the_compiled_statistics_refuse_what_they_cannot_read() -> None:
+    import numpy as np
+
+    from tracediff.capturing.stats import _compiled_stats
+
+    compiled = _compiled_stats()
+    if compiled is None:
+        pytest.skip("no C build here")
+    for bad in (np.zeros(4, dtype=np.float16), np.zeros((2, 2), dtype=np.float32), np.zeros(8, np.float32)[::2],
+                np.zeros(0, np.float32), np.zeros(4, dtype=">f4")):
+        with pytest.raises(ValueError, match="compiled statistics"):
+            compiled.stats(bad, 4)

@@ -9,6 +9,7 @@ Its values are computed here with numpy and compared with the recorded payloads.
 
 from __future__ import annotations
 
+import ast
 import os
 from pathlib import Path
 from typing import Any
@@ -262,6 +263,20 @@ def test_name_scopes_are_read_as_a_literal_never_evaluated() -> None:
     assert parse_name_scopes("__import__('os').system('true')") is None
     assert parse_name_scopes("[1, 2]") is None
     assert parse_name_scopes("['a'") is None
+
+
+@pytest.mark.parametrize("text", [
+    "['', 'model', 'model.layers.0', 'model.layers.0.self_attn', 'linear_4']", "['a']", "['a' , 'b']", "[]",
+    "[\"it's\"]", "['a\\\\n']", "['a\\'b']", "['a', 'b',]", "['a' 'b']", "['a', x]", "['a']]", " ['a']",
+    "['a\nb']", "['a\rb']", "['a\x00b']", "['a',\u2003'b']", "['a',\n 'b']", "['\u00e9', '-']", "['a', ['b']]"])
+def test_name_scopes_read_quickly_are_what_a_python_literal_holds(text: str) -> None:
+    """The exporter's plain lists are read without ``ast``: the result must be the literal's, whatever the text."""
+    try:
+        value = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        value = None
+    expected = value if isinstance(value, list) and all(isinstance(item, str) for item in value) else None
+    assert parse_name_scopes(text) == expected
 
 
 def test_the_legacy_exporter_node_name_is_its_module_path() -> None:

@@ -29,15 +29,19 @@ Moments of a tensor with NaN or infinities are taken over its finite elements.
 Half-precision and float8 tensors are upcast to float32 first, chunk by chunk,
 into a reused buffer.
 
-``numpy_stats`` computes the same keys from a host tensor's values with numpy,
-summed in float64 (``float_summary`` and ``integer_summary`` give the keys): an
-MLX capture measures with it, so that torch's intra-op threads never wake up
-next to MLX's own inside the forward.
+``numpy_stats`` computes the same keys from a host tensor's values in float64
+(``float_summary`` and ``integer_summary`` give the keys), in one pass of the
+C build of ``tracediff/compare/fused_pass.c`` where a C compiler exists, else
+with numpy: every runtime but torch (MLX, llama.cpp, the exported graphs)
+measures with it, so that torch's intra-op threads never wake up next to the
+runtime's own.
 """
 
 from __future__ import annotations
 
 import math
+import os
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -123,10 +127,12 @@ def tensor_stats(tensor: torch.Tensor, *, buffers: StatsBuffers | None = None) -
 
 
 def numpy_stats(tensor: torch.Tensor, *, buffers: StatsBuffers | None = None) -> dict[str, Any]:
-    """``tensor_stats`` of a CPU tensor, computed with numpy in float64 (bfloat16 decoded from its bits).
+    """``tensor_stats`` of a CPU tensor, computed in float64 (bfloat16 decoded from its bits): in one pass of
+    the compiled statistics (:func:`_compiled_stats`) where they load, else with numpy.
 
     Same keys as ``tensor_stats``; the sums are float64 throughout, so they can differ from
-    ``tensor_stats``' float32 sums in the last bits. A dtype numpy cannot hold goes to ``tensor_stats``.
+    ``tensor_stats``' float32 sums in the last bits (and the two float64 paths from each other, in the
+    order of their additions). A dtype numpy cannot hold goes to ``tensor_stats``.
     ``buffers`` is accepted for the same signature and unused.
     """
     import numpy as np
@@ -151,8 +157,12 @@ def numpy_stats(tensor: torch.Tensor, *, buffers: StatsBuffers | None = None) ->
         return integer_summary(n, "bool", [[int(np.count_nonzero(values))]])
     if values.dtype.kind in "iu":
         return integer_summary(n, "int", [[int(values.min()), int(values.max()), int(np.count_nonzero(values))]])
-    chunks: list[tuple[float, ...]] = []
     step = chunk_size(CHUNK)  # TRACEDIFF_REORDER: shorter, odd chunks (tracediff/order.py)
+    compiled = _compiled_stats()
+    if compiled is not None:
+        wide = values if values.dtype in (np.float32, np.float64) else values.astype(np.float32)  # float16: exact
+        return float_summary(n, compiled.stats(np.ascontiguousarray(wide), step).tolist())
+    chunks: list[tuple[float, ...]] = []
     for start in range(0, n, step):
         x = values[start:start + step].astype(np.float64)
         finite = np.isfinite(x)
@@ -166,6 +176,25 @@ def numpy_stats(tensor: torch.Tensor, *, buffers: StatsBuffers | None = None) ->
         squares = float(np.einsum("i,i->", x, x))
         chunks.append((lo, hi, float(x.sum()), squares, float(np.abs(x).sum()), int(np.count_nonzero(x)), *counts))
     return float_summary(n, chunks)
+
+
+_COMPILED: list[Any] = []  # the C build's statistics, or None: looked up (and built if need be) once a process
+_COMPILED_LOCK = threading.Lock()
+
+
+def _compiled_stats() -> Any:
+    """The statistics of ``fused_pass.c`` (one pass, float64 sums, the layout of ``wide_partials``), built on
+    the first call where no build is cached (a second, once per machine); None without a C compiler and
+    under ``TRACEDIFF_KERNEL=numpy`` or ``=numba`` (the comparison kernel's switch: numba has no statistics)."""
+    if os.environ.get("TRACEDIFF_KERNEL", "") in ("numpy", "numba"):
+        return None
+    if not _COMPILED:
+        with _COMPILED_LOCK:
+            if not _COMPILED:
+                from ..compare import fused_c
+
+                _COMPILED.append(fused_c.load())
+    return _COMPILED[0]
 
 
 def wide_stats(tensor: torch.Tensor, *, buffers: StatsBuffers | None = None) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-"""The comparison's one pass built from ``fused_pass.c`` with the machine's C compiler, loaded through ctypes.
+"""The comparison's one pass (and a tensor's statistics in one pass) built from ``fused_pass.c`` with the
+machine's C compiler, loaded through ctypes.
 
 Why C beside numba (``fused.py``): loading numba's build costs about 0.7 s of every fresh ``tracediff align``
 (numba's import, scipy's, the first call linking the cached code), more than comparing a 1 GB pair takes;
@@ -30,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .fused_columns import COLUMNS
+from .fused_columns import BLOCK, COLUMNS, STATS_COLUMNS
 
 SOURCE = Path(__file__).with_name("fused_pass.c")
 # strict IEEE arithmetic: no fused multiply-add, no reordering (fused_pass.c frees the order of its two summing
@@ -160,7 +161,7 @@ def load() -> Callable[..., int] | None:
 def _opened(path: Path) -> Callable[..., int] | None:
     try:
         lib = ctypes.CDLL(str(path))
-        if lib.td_fused_columns() != COLUMNS:  # a library of another layout: never called
+        if lib.td_fused_columns() != COLUMNS or lib.td_stats_columns() != STATS_COLUMNS:  # another layout
             return None
         return _Pass(lib)
     except (OSError, AttributeError):
@@ -173,11 +174,28 @@ class _Pass:
 
     def __init__(self, lib: ctypes.CDLL) -> None:
         self.passes = {}
+        self.statistics = {}
         for suffix, width in (("f32", np.float32), ("f64", np.float64)):
             function = getattr(lib, f"td_fused_pass_{suffix}")
             function.restype = ctypes.c_int64
             function.argtypes = _ARGS
             self.passes[np.dtype(width)] = function
+            measure = getattr(lib, f"td_stats_{suffix}")
+            measure.restype = ctypes.c_int64
+            measure.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
+            self.statistics[np.dtype(width)] = measure
+
+    def stats(self, values: np.ndarray, chunk: int) -> np.ndarray:
+        """The statistics of ``values`` (1-D, native float32 or float64, contiguous, not empty), one row per
+        chunk of ``chunk`` elements in ``capturing/stats.py``'s ``wide_partials`` layout: finite minimum and
+        maximum, the sum, the sum of squares, the sum of magnitudes and the non-zeros of the finite elements,
+        the finite, NaN and +Inf counts."""
+        function = self.statistics.get(values.dtype) if values.dtype.isnative else None
+        if function is None or values.ndim != 1 or not values.flags.c_contiguous or values.size == 0 or chunk < 1:
+            raise ValueError("the compiled statistics take one non-empty contiguous 1-D float32 or float64 array")
+        out = np.empty((-(-values.size // chunk), STATS_COLUMNS), dtype=np.float64)
+        function(values.ctypes.data, values.size, chunk, BLOCK, out.ctypes.data)
+        return out
 
     def __call__(self, a: np.ndarray, b: np.ndarray, flat: int, chunk: int, block: int, narrow: bool,
                  atol: float, rtol: float, max_rel: float, inner: int, length: int, hit: np.ndarray,

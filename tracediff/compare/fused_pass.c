@@ -7,6 +7,8 @@
  * differs from numpy's, as the numba build's does, and the bound of tests/compare/test_kernel.py covers any
  * order and grouping.
  *
+ * It also holds the statistics of one tensor (td_stats: capturing/stats.py's numpy_stats in one pass).
+ *
  * The file includes itself twice: once for float32 pairs (suffix _f32), once for float64 pairs (_f64). */
 
 #ifndef TD_T
@@ -25,6 +27,10 @@ static const double FLOAT32_OVERFLOW = 3.4028235677973366e38;
 
 /* the layout this file writes, checked by the loader before the first call */
 int td_fused_columns(void) { return COLUMNS; }
+
+/* a tensor's statistics per chunk, as capturing/stats.py's wide_partials lays them out */
+enum { S_MIN, S_MAX, S_SUM, S_SQUARES, S_ABS, S_NONZERO, S_FINITE, S_NAN, S_POSINF, STATS_COLUMNS };
+int td_stats_columns(void) { return STATS_COLUMNS; }
 
 /* rtol raised so that d <= rtol * ax holds in float64: to d / ax, then one ulp at a time */
 static double smallest_rtol(double rtol, double d, double ax)
@@ -117,10 +123,112 @@ static void TD_NAME(centred)(const TD_T *a, const TD_T *b, int64_t n, double mea
     q[2] = qab;
 }
 
+/* One block of a tensor, over its finite elements: the sum, the sum of squares and the sum of magnitudes
+ * added to acc[0:3], the non-zeros, finite, NaN and +Inf counts to counts[0:4]. Returns the finite count. */
+static int64_t TD_NAME(stats_sums)(const TD_T *x, int64_t n, double *acc, int64_t *counts)
+{
+    TD_FREE_ORDER
+    double s = 0.0, sq = 0.0, sa = 0.0;
+    int64_t nonzero = 0, finite = 0, nan = 0, posinf = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double v = x[i];
+        int f = fabs(v) < INFINITY;
+        double w = f ? v : 0.0;
+        s += w;
+        sq += w * w;
+        sa += fabs(w);
+        nonzero += w != 0.0;
+        finite += f;
+        nan += v != v;
+        posinf += v == INFINITY;
+    }
+    acc[0] += s;
+    acc[1] += sq;
+    acc[2] += sa;
+    counts[0] += nonzero;
+    counts[1] += finite;
+    counts[2] += nan;
+    counts[3] += posinf;
+    return finite;
+}
+
 #if !defined(__clang__)
 #pragma GCC pop_options
 #endif
 #undef TD_FREE_ORDER
+
+/* The minimum and maximum of a block whose every element is finite (stats_sums counted them): the compiler
+ * may then take its min and max instructions, whose NaN and signed-zero rules no element here can reach
+ * (a zero's sign may come out either way: -0.0 and 0.0 are equal minima). */
+#if defined(__clang__)
+#define TD_FINITE_ONLY
+#else
+#define TD_FINITE_ONLY
+#pragma GCC push_options
+#pragma GCC optimize("O3", "finite-math-only", "no-signed-zeros", "no-trapping-math", "no-math-errno", "fp-contract=off")
+#endif
+static void TD_NAME(finite_extremes)(const TD_T *x, int64_t n, double *lo, double *hi)
+{
+    TD_FINITE_ONLY
+    TD_T low = x[0], high = x[0];
+    for (int64_t i = 1; i < n; i++) {
+        low = x[i] < low ? x[i] : low;
+        high = x[i] > high ? x[i] : high;
+    }
+    if ((double)low < *lo)
+        *lo = (double)low;
+    if ((double)high > *hi)
+        *hi = (double)high;
+}
+#if !defined(__clang__)
+#pragma GCC pop_options
+#endif
+#undef TD_FINITE_ONLY
+
+/* The finite minimum and maximum of a block holding a NaN or an infinity: strict arithmetic. */
+static void TD_NAME(extremes)(const TD_T *x, int64_t n, double *lo, double *hi)
+{
+    for (int64_t i = 0; i < n; i++) {
+        double v = x[i];
+        if (!(fabs(v) < INFINITY))
+            continue;
+        if (v < *lo)
+            *lo = v;
+        if (v > *hi)
+            *hi = v;
+    }
+}
+
+/* Fills out's row k (STATS_COLUMNS doubles) with the statistics of chunk k of x (n elements): block by
+ * block, each block's sums added to the chunk's. Returns the number of chunks. */
+int64_t TD_NAME(td_stats)(const TD_T *x, int64_t n, int64_t chunk, int64_t block, double *out)
+{
+    int64_t k = 0;
+    for (int64_t c0 = 0; c0 < n; c0 += chunk) {
+        int64_t c1 = c0 + chunk < n ? c0 + chunk : n;
+        double lo = INFINITY, hi = -INFINITY, acc[3] = {0};
+        int64_t counts[4] = {0};
+        for (int64_t b0 = c0; b0 < c1; b0 += block) {
+            int64_t m = (b0 + block < c1 ? b0 + block : c1) - b0;
+            if (TD_NAME(stats_sums)(x + b0, m, acc, counts) == m)
+                TD_NAME(finite_extremes)(x + b0, m, &lo, &hi);
+            else
+                TD_NAME(extremes)(x + b0, m, &lo, &hi);
+        }
+        double *row = out + k * STATS_COLUMNS;
+        row[S_MIN] = lo;
+        row[S_MAX] = hi;
+        row[S_SUM] = acc[0];
+        row[S_SQUARES] = acc[1];
+        row[S_ABS] = acc[2];
+        row[S_NONZERO] = (double)counts[0];
+        row[S_FINITE] = (double)counts[1];
+        row[S_NAN] = (double)counts[2];
+        row[S_POSINF] = (double)counts[3];
+        k++;
+    }
+    return k;
+}
 
 /* Over the block (meant for finite pairs), d = |a - b|: out[0] elements failing d <= atol + rtol |a|,
  * out[1] elements with d - rtol |a| > atol, out[2] elements with d > max_abs, out[3] elements with d > 0 and

@@ -36,7 +36,7 @@ import re
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from ...errors import UsageError
 from ...files.confine import check_regular_file
@@ -141,7 +141,8 @@ class GraphRecording:
         params = llama_cpp.llama_context_params.from_buffer_copy(llm.context_params)
         params.cb_eval = self._callback
         params.cb_eval_user_data = None
-        self._context = _internals.LlamaContext(model=llm._model, params=params, verbose=False)
+        # Any, with llama-cpp-python's types installed or not: its decode method is replaced below
+        self._context = cast(Any, _internals.LlamaContext(model=llm._model, params=params, verbose=False))
         decode = self._context.decode
 
         def stepped(batch: Any) -> Any:
@@ -151,7 +152,7 @@ class GraphRecording:
             finally:
                 recorder.end_step()
 
-        self._context.decode = stepped  # type: ignore[method-assign]  # each llama_decode is one step
+        self._context.decode = stepped  # each llama_decode is one step
         self._saved = (llm._ctx, llm.n_tokens)
         llm._ctx, llm.n_tokens = self._context, 0
         facts.setdefault("weight_types", {})
