@@ -3,11 +3,12 @@
  *
  * Built with -ffp-contract=off and without -ffast-math: every decision (the pass rule, the maxima, NaN and
  * infinities) is the float64 expression the numpy path settles it with, rounded alike on any IEEE-754 CPU.
- * Only the two functions that add up sums may have their additions reordered (vectorized): their order
- * differs from numpy's, as the numba build's does, and the bound of tests/compare/test_kernel.py covers any
- * order and grouping.
+ * Only the functions that add up sums may have their additions reordered (vectorized): their order
+ * differs from numpy's, as the numba build's does, and the bounds of tests/compare/test_kernel.py and
+ * tests/capturing/test_numpy_stats.py cover any order and grouping.
  *
- * It also holds the statistics of one tensor (td_stats: capturing/stats.py's numpy_stats in one pass).
+ * It also holds the statistics of one tensor (td_stats: capturing/stats.py's numpy_stats in one pass),
+ * whose extremes of an all-finite block are the one place compiled with finite-math-only.
  *
  * The file includes itself twice: once for float32 pairs (suffix _f32), once for float64 pairs (_f64). */
 
@@ -58,7 +59,7 @@ static double smallest_rtol(double rtol, double d, double ax)
 
 #else /* the body, once per dtype */
 
-/* The sums may be added in any order (numba's build: fastmath reassoc and nsz on these two functions only):
+/* The sums may be added in any order (numba's build: fastmath reassoc and nsz on the comparison's sums only):
  * the compiler vectorizes them. Nothing here can turn into a NaN or an infinity that was not there, and no
  * decision is taken in them. */
 #if defined(__clang__)
@@ -157,33 +158,27 @@ static int64_t TD_NAME(stats_sums)(const TD_T *x, int64_t n, double *acc, int64_
 #endif
 #undef TD_FREE_ORDER
 
-/* The minimum and maximum of a block whose every element is finite (stats_sums counted them): the compiler
- * may then take its min and max instructions, whose NaN and signed-zero rules no element here can reach
- * (a zero's sign may come out either way: -0.0 and 0.0 are equal minima). */
-#if defined(__clang__)
-#define TD_FINITE_ONLY
-#else
-#define TD_FINITE_ONLY
+/* The minimum and maximum of a block whose every element is finite (stats_sums counted them), written to
+ * *lo and *hi: the compiler may take its min and max instructions, whose NaN and signed-zero rules no
+ * element here can reach (a zero's sign may come out either way: -0.0 and 0.0 are equal minima). Nothing
+ * else is compared here; the caller merges the result with strict arithmetic. */
+#if !defined(__clang__)
 #pragma GCC push_options
 #pragma GCC optimize("O3", "finite-math-only", "no-signed-zeros", "no-trapping-math", "no-math-errno", "fp-contract=off")
 #endif
-static void TD_NAME(finite_extremes)(const TD_T *x, int64_t n, double *lo, double *hi)
+static void TD_NAME(finite_extremes)(const TD_T *x, int64_t n, TD_T *lo, TD_T *hi)
 {
-    TD_FINITE_ONLY
     TD_T low = x[0], high = x[0];
     for (int64_t i = 1; i < n; i++) {
         low = x[i] < low ? x[i] : low;
         high = x[i] > high ? x[i] : high;
     }
-    if ((double)low < *lo)
-        *lo = (double)low;
-    if ((double)high > *hi)
-        *hi = (double)high;
+    *lo = low;
+    *hi = high;
 }
 #if !defined(__clang__)
 #pragma GCC pop_options
 #endif
-#undef TD_FINITE_ONLY
 
 /* The finite minimum and maximum of a block holding a NaN or an infinity: strict arithmetic. */
 static void TD_NAME(extremes)(const TD_T *x, int64_t n, double *lo, double *hi)
@@ -210,10 +205,16 @@ int64_t TD_NAME(td_stats)(const TD_T *x, int64_t n, int64_t chunk, int64_t block
         int64_t counts[4] = {0};
         for (int64_t b0 = c0; b0 < c1; b0 += block) {
             int64_t m = (b0 + block < c1 ? b0 + block : c1) - b0;
-            if (TD_NAME(stats_sums)(x + b0, m, acc, counts) == m)
-                TD_NAME(finite_extremes)(x + b0, m, &lo, &hi);
-            else
+            if (TD_NAME(stats_sums)(x + b0, m, acc, counts) == m) {
+                TD_T block_lo, block_hi;
+                TD_NAME(finite_extremes)(x + b0, m, &block_lo, &block_hi);
+                if ((double)block_lo < lo)
+                    lo = (double)block_lo;
+                if ((double)block_hi > hi)
+                    hi = (double)block_hi;
+            } else {
                 TD_NAME(extremes)(x + b0, m, &lo, &hi);
+            }
         }
         double *row = out + k * STATS_COLUMNS;
         row[S_MIN] = lo;
