@@ -41,7 +41,7 @@ def _compiled_pass_built(tmp_path_factory: pytest.TempPathFactory) -> Iterator[N
     """The C build of the comparison's pass, built once into a cache of this run's own before any test: every
     test (and every process a test starts) then meets the state a user has after the first large ``align``,
     whatever ran before, and no test writes to the user's cache."""
-    from tracediff.compare import fused_c
+    from tracediff.native import fused_c
 
     before = os.environ.get("XDG_CACHE_HOME")
     os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("cache"))

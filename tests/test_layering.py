@@ -1,8 +1,9 @@
 """The package's layers, read from the import statements of every module (module level and inside functions).
 
 The folders draw the pipeline, and imports only go down it: cli -> demo -> render -> replaying / steps / show
--> alignment -> sharding / compare / maps -> capturing / importers -> trace -> files -> the base (``format``,
-``errors``, ``display``, ``_version``, ``order``). The core never imports the command line or a renderer:
+-> alignment -> sharding / compare / maps -> capturing / importers -> trace -> files -> native (the C build
+both the capture and the comparison use) -> the base (``format``, ``errors``, ``display``, ``_version``,
+``order``). The core never imports the command line or a renderer:
 ``Alignment.to_html()`` reaches the renderer through the registry in ``tracediff.display``, which the render
 package fills. Inside
 ``alignment``, pairing (which call and tensor pairs with which) and verdicts (what the measured rows mean)
@@ -21,19 +22,20 @@ import tracediff
 PACKAGE_ROOT = Path(tracediff.__file__).parent
 
 # Each layer and the layers it may import (besides itself).
-_CORE_BELOW_ALIGNMENT = {"base", "files", "trace", "maps", "compare", "sharding"}
+_CORE_BELOW_ALIGNMENT = {"base", "native", "files", "trace", "maps", "compare", "sharding"}
 ALLOWED: dict[str, set[str]] = {
     "base": set(),
+    "native": {"base"},
     "files": {"base"},
     "trace": {"base", "files"},
-    "capturing": {"base", "files", "trace"},
+    "capturing": {"base", "native", "files", "trace"},
     "importers": {"base", "files", "trace"},
     "maps": {"base", "files", "trace"},
-    "compare": {"base", "files", "trace"},
+    "compare": {"base", "native", "files", "trace"},
     "sharding": {"base", "files", "trace"},
     "alignment": _CORE_BELOW_ALIGNMENT,
     "show": {"base", "files", "trace"},
-    "steps": {"base", "files", "trace", "capturing", "compare"},
+    "steps": {"base", "native", "files", "trace", "capturing", "compare"},
     "replaying": {*_CORE_BELOW_ALIGNMENT, "capturing", "alignment"},
     "attribution": {*_CORE_BELOW_ALIGNMENT, "capturing", "alignment", "replaying"},
     "render": {*_CORE_BELOW_ALIGNMENT, "capturing", "alignment", "show", "steps", "replaying", "attribution"},
@@ -43,8 +45,8 @@ ALLOWED: dict[str, set[str]] = {
     "entry": {*_CORE_BELOW_ALIGNMENT, "capturing", "importers", "alignment", "show", "steps", "replaying", "cli",
               "attribution"},
 }
-CORE = {"base", "files", "trace", "capturing", "importers", "maps", "compare", "sharding", "alignment", "show", "steps",
-        "replaying", "attribution"}
+CORE = {"base", "native", "files", "trace", "capturing", "importers", "maps", "compare", "sharding", "alignment",
+        "show", "steps", "replaying", "attribution"}
 BASE_MODULES = {"errors", "format", "display", "_version", "order", "globs"}
 #: Inside alignment: what each part may import of the others (besides itself).
 ALIGNMENT_PARTS: dict[str, set[str]] = {

@@ -94,7 +94,7 @@ def test_the_compiled_statistics_are_numpys(name: str, tensor: torch.Tensor, mon
     ``gamma(n + 1, U64)`` of ``sum |terms|`` in any order on both sides (so mean, abs_mean and std within twice
     that, through the same formulas as ``_allowed``)."""
     from tracediff.capturing.stats import _compiled_stats
-    from tracediff.compare import fused_c
+    from tracediff.native import fused_c
 
     if fused_c.compiler() is None:
         pytest.skip("no C compiler: the numpy path is the only one")

@@ -1,4 +1,4 @@
-"""The C build of the comparison's pass (tracediff/compare/fused_c.py): built once per source, compiler and CPU
+"""The C build of the comparison's pass (tracediff/native/fused_c.py): built once per source, compiler and CPU
 into a private cache, loaded from there in a fresh process without numba, never loaded from a file someone
 else could have written, and never handed arrays it would read out of bounds. That its rows are numpy's is
 tests/compare/test_kernel.py's (every case runs on both builds)."""
@@ -13,8 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tracediff.compare import fused_c, kernel
-from tracediff.compare.fused_columns import COLUMNS, FINITE, MAX_ABS
+from tracediff.compare import kernel
+from tracediff.native import fused_c
+from tracediff.native.fused_columns import COLUMNS, FINITE, MAX_ABS
 
 pytestmark = pytest.mark.skipif(fused_c.compiler() is None, reason="no C compiler")
 
@@ -137,7 +138,8 @@ def test_a_fresh_process_takes_the_cached_build_at_once_without_numba(tmp_path: 
     env.pop(kernel.VARIABLE, None)
     script = (
         "import sys, numpy as np\n"
-        "from tracediff.compare import fused_c, kernel\n"
+        "from tracediff.compare import kernel\n"
+        "from tracediff.native import fused_c\n"
         "from tracediff.compare.metrics import measure_tensors\n"
         "from tracediff.trace.payload import Payload\n"
         "if sys.argv[1] == 'build':\n"

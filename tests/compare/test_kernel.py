@@ -30,8 +30,9 @@ from hypothesis import strategies as st
 
 from tests.rounding import U64, cosine_error, gamma, kappa, mean_error, pcc_error
 from tracediff import order
-from tracediff.compare import fused_c, kernel, metrics
+from tracediff.compare import kernel, metrics
 from tracediff.compare.metrics import measure_tensors
+from tracediff.native import fused_c
 from tracediff.trace.payload import Payload, as_floats
 
 _NUMBA = importlib.util.find_spec("numba") is not None

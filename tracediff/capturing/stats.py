@@ -31,7 +31,7 @@ into a reused buffer.
 
 ``numpy_stats`` computes the same keys from a host tensor's values in float64
 (``float_summary`` and ``integer_summary`` give the keys), in one pass of the
-C build of ``tracediff/compare/fused_pass.c`` where a C compiler exists, else
+C build of ``tracediff/native/fused_pass.c`` where a C compiler exists, else
 with numpy: every runtime but torch (MLX, llama.cpp, the exported graphs)
 measures with it, so that torch's intra-op threads never wake up next to the
 runtime's own.
@@ -191,7 +191,7 @@ def _compiled_stats() -> Any:
     if not _COMPILED:
         with _COMPILED_LOCK:
             if not _COMPILED:
-                from ..compare import fused_c
+                from ..native import fused_c
 
                 _COMPILED.append(fused_c.load())
     return _COMPILED[0]

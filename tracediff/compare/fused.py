@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from . import fused_columns as col
+from ..native import fused_columns as col
 
 __all__ = ["fused_pass"]
 

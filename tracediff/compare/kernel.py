@@ -5,7 +5,7 @@ difference, its maximum, five sums, the float64 moments of ``pcc``, the pass rul
 tolerance, the NaN/Inf counts). The compiled pass makes one and reads each element once: a pair that
 differs everywhere is then compared at close to the speed of memory. It has two builds of the same
 arithmetic: ``fused_pass.c``, built by the machine's C compiler on first use and cached
-(:mod:`tracediff.compare.fused_c`: it loads in a millisecond), and, where no compiler is found,
+(:mod:`tracediff.native.fused_c`: it loads in a millisecond), and, where no compiler is found,
 ``fused.py`` compiled by numba (``pip install 'tracediff[fast]'``; loading it costs about 0.7 s).
 ``TRACEDIFF_KERNEL=c`` or ``=numba`` takes only that build. The numpy path stays the reference and the
 fallback: without either build, for small pairs, for dtypes the kernel does not take, and with
@@ -38,9 +38,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..native import fused_columns as col
 from ..order import chunk_size
 from ..trace.payload import Payload, as_floats
-from . import fused_columns as col
 from .moments import Moments
 from .scaled import scaled_sums, sums_are_safe
 
@@ -170,7 +170,7 @@ def _probe() -> bool:
         _state.probed = True
     if os.environ.get(VARIABLE, "") == "numba":
         return False
-    from . import fused_c
+    from ..native import fused_c
 
     found = fused_c.cached()
     with _state.lock:
@@ -205,7 +205,7 @@ def _built() -> Callable[..., int] | None:
     """The build ``TRACEDIFF_KERNEL`` allows, C first."""
     choice = os.environ.get(VARIABLE, "")
     if choice != "numba":
-        from . import fused_c
+        from ..native import fused_c
 
         found = fused_c.load()
         if found is not None or choice == "c":

@@ -1,5 +1,5 @@
 /* The comparison's one pass over a chunked pair, in C: the same pass as tracediff/compare/fused.py (numba),
- * built by tracediff/compare/fused_c.py with the machine's C compiler on first use and loaded through ctypes.
+ * built by tracediff/native/fused_c.py with the machine's C compiler on first use and loaded through ctypes.
  *
  * Built with -ffp-contract=off and without -ffast-math: every decision (the pass rule, the maxima, NaN and
  * infinities) is the float64 expression the numpy path settles it with, rounded alike on any IEEE-754 CPU.
@@ -17,7 +17,7 @@
 #include <math.h>
 #include <stdint.h>
 
-/* the columns of one chunk's row in the output: tracediff/compare/fused_columns.py */
+/* the columns of one chunk's row in the output: tracediff/native/fused_columns.py */
 enum {
     FINITE, MAX_ABS, MAX_REL, SUM_ABS, SUM_SQ, DOT, NORM_A, NORM_B, NAN_MISMATCH, INF_MISMATCH, FAILED_RULE,
     FAILED_EXCESS, NONFINITE_FAILED, CLEAN, MOMENT_N, MEAN_A, MEAN_B, M2_A, M2_B, C_AB, COLUMNS
