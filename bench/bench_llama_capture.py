@@ -102,21 +102,8 @@ def configurations(gguf: Path, tokens: list[int], out_root: Path) -> dict[str, C
         llm.reset()
         llm.eval(tokens)
 
-    def plain_fresh_context() -> None:
-        own = llm._ctx
-        context = _internals.LlamaContext(model=llm._model, params=llm.context_params, verbose=False)
-        llm._ctx = context
-        try:
-            llm.reset()
-            llm.eval(tokens)
-        finally:
-            llm._ctx = own
-            context.close()
-
-    def callback_only() -> None:
-        params = llama_cpp.llama_context_params.from_buffer_copy(llm.context_params)
-        callback = llama_cpp.ggml_backend_sched_eval_callback(lambda _node, _ask, _data: True)
-        params.cb_eval, params.cb_eval_user_data = callback, None
+    def decode_in_context(params: Any) -> None:
+        """The decode in a context of ``params`` made for it, as a capture makes one."""
         own = llm._ctx
         context = _internals.LlamaContext(model=llm._model, params=params, verbose=False)
         llm._ctx = context
@@ -126,6 +113,15 @@ def configurations(gguf: Path, tokens: list[int], out_root: Path) -> dict[str, C
         finally:
             llm._ctx = own
             context.close()
+
+    def plain_fresh_context() -> None:
+        decode_in_context(llm.context_params)
+
+    def callback_only() -> None:
+        params = llama_cpp.llama_context_params.from_buffer_copy(llm.context_params)
+        callback = llama_cpp.ggml_backend_sched_eval_callback(lambda _node, _ask, _data: True)
+        params.cb_eval, params.cb_eval_user_data = callback, None
+        decode_in_context(params)
 
     def captured(tensors: str) -> Callable[[], None]:
         def run() -> None:
