@@ -8,7 +8,7 @@ Nothing is committed and nothing comes from a model hub:
 * its GGUF conversion by llama.cpp's own ``convert_hf_to_gguf.py``, from the llama-cpp-python sdist whose
   library is installed (the converter, its ``conversion/`` package and its ``gguf-py``; the ``gguf`` release on
   PyPI lags the converter, so the sdist's copy runs it). The sdist is fetched once with
-  ``pip download --no-deps --no-binary :all: llama-cpp-python==VERSION`` and those three parts are kept in
+  ``pip download --no-deps --no-binary llama-cpp-python llama-cpp-python==VERSION`` and those three parts are kept in
   ``$TRACEDIFF_CACHE`` (default ``~/.cache/tracediff``); ``TRACEDIFF_LLAMA_CPP_SDIST`` names a tarball to use
   instead.
 
@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import runpy
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -73,8 +74,11 @@ def converter() -> Path:
     sdist = os.environ.get("TRACEDIFF_LLAMA_CPP_SDIST")
     with tempfile.TemporaryDirectory() as scratch:
         if not sdist:
-            subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:",
-                            f"llama-cpp-python=={LLAMA_CPP_PYTHON}", "-d", scratch], check=True)
+            # --no-binary for this one package only: with :all: pip builds the sdist's build tools (cmake) from
+            # source just to read its metadata, minutes of a 2-core machine
+            subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps",
+                            "--no-binary", "llama-cpp-python", f"llama-cpp-python=={LLAMA_CPP_PYTHON}", "-d", scratch],
+                           check=True)
             sdist = str(next(Path(scratch).glob("llama_cpp_python-*.tar.gz")))
         prefix = f"llama_cpp_python-{LLAMA_CPP_PYTHON}/vendor/llama.cpp/"
         staging = Path(tempfile.mkdtemp(dir=cache_root() if cache_root().exists() else None))
@@ -85,8 +89,12 @@ def converter() -> Path:
                 member.name = member.name[len(prefix):]
             archive.extractall(staging, members=members, filter="data")
         folder.parent.mkdir(parents=True, exist_ok=True)
-        if not folder.exists():
+        try:
             staging.rename(folder)
+        except OSError:  # another test process (pytest-xdist's other worker) put its copy there first
+            shutil.rmtree(staging, ignore_errors=True)
+            if not all((folder / part).exists() for part in CONVERTER_PARTS):
+                raise
     return folder
 
 
