@@ -177,6 +177,46 @@ def test_a_graph_runtime_is_captured_as_steps_of_calls(adapter: TinyGraphAdapter
     assert model.observer is None and model.on_step is None  # the interception is undone
 
 
+@pytest.mark.parametrize(("tensors", "writers"), [("full", 0), ("full", 1), ("summary", 0), ("summary", 1)])
+def test_a_node_handed_in_memory_the_runtime_reuses_is_recorded_before_record_node_returns(
+        adapter: TinyGraphAdapter, tmp_path: Path, tensors: str, writers: int) -> None:
+    """ggml hands each node in its own memory and reuses it once the callback returns; the llama.cpp adapter
+    reads it in place, so every payload and statistic must be taken before ``record_node`` returns."""
+    model = TinyGraph()
+    scratch = np.empty((1, DIM), dtype=np.float32)  # one buffer for every node, as a runtime's arena
+    seen: list[np.ndarray] = []
+    with tracediff.capture(model, tmp_path / "t", tensors=tensors, writers=writers) as session:  # type: ignore[arg-type]
+        inner = model.observer
+        assert inner is not None
+
+        def reused(step: int, key: Any, name: str, op: str, scope: str | None, value: np.ndarray,
+                   sources: list[Any]) -> None:
+            scratch[...] = value.reshape(scratch.shape)
+            seen.append(scratch.copy())
+            inner(step, key, name, op, scope, scratch, sources)
+            scratch.fill(np.nan)  # the runtime's next use of the memory
+
+        model.observer = reused
+        for x in _inputs():
+            model(x)
+        model.observer = inner
+    assert session.complete
+    tree = _tree(tmp_path / "t") if tensors == "full" else json.loads(
+        (tmp_path / "t" / "TinyGraph_debug_tree_SUMMARY.json").read_text())
+    nodes = [n for step in [tree, *tree[fmt.SUBSEQUENT_CALLS]] for n in step[fmt.CHILDREN]]
+    assert len(nodes) == len(seen) == 8
+    for node, value in zip(nodes, seen):
+        entry = node[fmt.OUTPUTS]
+        expected = torch.from_numpy(value)
+        if tensors == "full":
+            payload = read_tensor_file(tmp_path / "t" / entry[fmt.VALUE].removeprefix("./"))
+            assert torch.equal(payload, expected)
+        stats = entry["stats"]  # the NaN written after the callback would show in every one of these
+        assert (stats["nan"], stats["min"], stats["max"]) == (0, float(value.min()), float(value.max()))
+        # six float64 additions in any order: within 2 gamma(6) (u = 2^-53) of the exact mean's magnitude
+        assert abs(stats["mean"] - float(value.astype(np.float64).mean())) <= 1e-14 * stats["abs_mean"]
+
+
 def test_sources_name_earlier_nodes_one_per_input(adapter: TinyGraphAdapter, tmp_path: Path) -> None:
     _capture(TinyGraph(), tmp_path / "t")
     tree = _tree(tmp_path / "t")

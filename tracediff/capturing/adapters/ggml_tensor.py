@@ -7,8 +7,10 @@ llama.cpp's eval callback hands a pointer to the node it just computed. Its layo
     void * data; char name[64]; void * extra; char padding[8];
 
 ``ne`` counts elements innermost first and ``nb`` gives the byte strides: torch's shape and strides are
-both reversed. The data of a node computed on the CPU backend is host memory; it is copied at once (ggml
-reuses a node's memory for later nodes). Element types a host array holds as they are (F32, F16, BF16,
+both reversed. The data of a node computed on the CPU backend is host memory, read in place while the
+callback runs: ggml reuses a node's memory for later nodes, and the capture's encoder writes the payload,
+copies it into its pool or measures it before ``record_node`` returns (tests/capturing/test_graph_nodes.py
+holds it to that), so no second copy is made here. Element types a host array holds as they are (F32, F16, BF16,
 integers) keep their dtype; a quantized type (a Q8_0 KV cache) is dequantized to float32 by ggml's own
 ``to_float``, and the node says so.
 """
@@ -64,12 +66,16 @@ class GgmlLibrary:
         self._n_dims.argtypes, self._n_dims.restype = [ctypes.c_void_p], ctypes.c_int
         self._handle = handle
         self._dequantizers: dict[int, Any] = {}
+        self._type_names: dict[int, str] = {}
 
     def op(self, address: int) -> str:
         return (self._op_desc(address) or b"?").decode("ascii", "replace")
 
     def type_name(self, ggml_type: int) -> str:
-        return (self._type_name(ggml_type) or b"?").decode("ascii", "replace")
+        name = self._type_names.get(ggml_type)
+        if name is None:  # asked for every node and each of its sources: a handful of distinct values
+            name = self._type_names[ggml_type] = (self._type_name(ggml_type) or b"?").decode("ascii", "replace")
+        return name
 
     def n_dims(self, address: int) -> int:
         return int(self._n_dims(address))
@@ -168,10 +174,11 @@ def op_attributes(op: str, tensor: GgmlTensor) -> dict[str, Any]:
 
 
 def read_data(lib: GgmlLibrary, tensor: GgmlTensor, shape: tuple[int, ...]) -> np.ndarray:
-    """A copy of the node's host data in torch's order (``shape``), of its own dtype; quantized: float32.
+    """The node's host data in torch's order (``shape``), of its own dtype; quantized: float32.
 
-    BF16 comes back as its 16 bits (``uint16``): the caller views them as bfloat16. Raises ValueError for a
-    node without host data.
+    A plain type is a view of ggml's memory, valid only until the eval callback returns; a quantized one is
+    a dequantized copy. BF16 comes back as its 16 bits (``uint16``): the caller views them as bfloat16.
+    Raises ValueError for a node without host data.
     """
     if not tensor.data:
         raise ValueError("no data (not computed on the host)")
@@ -184,7 +191,7 @@ def read_data(lib: GgmlLibrary, tensor: GgmlTensor, shape: tuple[int, ...]) -> n
     strides = tuple(int(s) for s in tensor.nb[:len(shape)])[::-1]
     extent = storage.itemsize + sum((n - 1) * s for n, s in zip(shape, strides))
     buffer = memoryview((ctypes.c_char * extent).from_address(tensor.data)).cast("B")
-    return np.ndarray(shape, dtype=storage, buffer=buffer, strides=strides).copy()
+    return np.ndarray(shape, dtype=storage, buffer=buffer, strides=strides)
 
 
 def _dequantized(lib: GgmlLibrary, tensor: GgmlTensor, shape: tuple[int, ...]) -> np.ndarray:

@@ -192,7 +192,7 @@ class GraphRecording:
                 sources.append(external)
             else:
                 sources.append(known)
-        data = read_data(self._lib, tensor, node.shape)
+        data = read_data(self._lib, tensor, node.shape)  # ggml's memory: recorded before this returns
         from ...files.host import host_tensor
 
         output: Any = host_tensor(data, bits_of="bfloat16") if node.type_name.lower() == "bf16" else data
