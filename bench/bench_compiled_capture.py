@@ -8,7 +8,8 @@ Model: three blocks of Linear(W, 4W) / GELU / Linear(4W, W) / residual / LayerNo
 
 Four configurations run in this one process, interleaved, in an order rotated from round to round: the
 eager forward, its full capture, the compiled forward, its full capture (``compiled="modules"``: the
-records inside the graph). Each configuration first runs once to warm up, so compilation is not timed:
+records inside the graph), each capture with the payload files and bytes it wrote. Each configuration
+first runs once to warm up, so compilation is not timed:
 the compiled capture compiles its graph once, on its warm-up run, and every later capture of the same
 model runs that graph. Each capture writes into a fresh folder, deleted after it is measured. The figures
 are medians over ``--repeats`` rounds, and the ratios are capture over forward: eager capture / eager
@@ -76,12 +77,15 @@ def timed(run: Callable[[], Any]) -> float:
     return time.perf_counter() - start
 
 
-def capture_run(model: Any, x: torch.Tensor, root: Path) -> Callable[[], Any]:
+def capture_run(model: Any, x: torch.Tensor, root: Path, written: dict[str, int]) -> Callable[[], Any]:
+    """A capture into a fresh folder, deleted after; ``written`` gets its payload files and bytes."""
     def run() -> Any:
         folder = Path(tempfile.mkdtemp(dir=root))
         shutil.rmtree(folder)
         with tracediff.capture(model, folder) as session:
             y = model(x)
+        payloads = list(folder.glob("*.safetensors"))
+        written.update(files=len(payloads), bytes=sum(f.stat().st_size for f in payloads))
         shutil.rmtree(folder)
         return y, session
 
@@ -119,11 +123,12 @@ def main(argv: list[str] | None = None) -> int:
         with torch.no_grad():
             model, x = build(args.width)
             compiled = torch.compile(model, dynamic=False)
+            written: dict[str, dict[str, int]] = {"eager capture": {}, "compiled capture": {}}
             runs: dict[str, Callable[[], Any]] = {
                 "eager forward": lambda: model(x),
-                "eager capture": capture_run(model, x, root),
+                "eager capture": capture_run(model, x, root, written["eager capture"]),
                 "compiled forward": lambda: compiled(x),
-                "compiled capture": capture_run(compiled, x, root),
+                "compiled capture": capture_run(compiled, x, root, written["compiled capture"]),
             }
             compile_seconds = {name: timed(run) for name, run in runs.items()}  # warm-up: compiles here
             times: dict[str, list[float]] = {name: [] for name in runs}
@@ -143,12 +148,14 @@ def main(argv: list[str] | None = None) -> int:
         "warm_up_seconds": compile_seconds, "median_seconds": medians,
         "eager_capture_ratio": medians["eager capture"] / medians["eager forward"],
         "compiled_capture_ratio": medians["compiled capture"] / medians["compiled forward"],
-        "outputs": outputs,
+        "written": written, "outputs": outputs,
     }
     print(f"torch {report['torch']}, {report['threads']} threads, {report['cpus']} CPUs, "
           f"load {report['load_average']:.1f}; width {args.width}; medians of {args.repeats} rounds")
     for name in names:
-        print(f"  {name:17s} {medians[name] * 1e3:9.1f} ms   (warm-up {compile_seconds[name]:.1f} s)")
+        files = written.get(name)
+        wrote = f"; {files['files']} payloads, {files['bytes'] / 1e6:.1f} MB" if files else ""
+        print(f"  {name:17s} {medians[name] * 1e3:9.1f} ms   (warm-up {compile_seconds[name]:.1f} s{wrote})")
     print(f"  eager capture / eager forward       {report['eager_capture_ratio']:.2f}")
     print(f"  compiled capture / compiled forward {report['compiled_capture_ratio']:.2f}")
     for out in outputs:
