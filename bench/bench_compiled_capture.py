@@ -40,6 +40,9 @@ from torch import nn
 
 import tracediff
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from rotated import payload_sizes  # noqa: E402  (bench/, the script's own folder)
+
 
 class Block(nn.Module):
     def __init__(self, width: int) -> None:
@@ -84,8 +87,8 @@ def capture_run(model: Any, x: torch.Tensor, root: Path, written: dict[str, int]
         shutil.rmtree(folder)
         with tracediff.capture(model, folder) as session:
             y = model(x)
-        payloads = list(folder.glob("*.safetensors"))
-        written.update(files=len(payloads), bytes=sum(f.stat().st_size for f in payloads))
+        sizes = payload_sizes(folder)
+        written.update(files=len(sizes), bytes=sum(sizes))
         shutil.rmtree(folder)
         return y, session
 

@@ -48,7 +48,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from rotated import rotated_medians, write_floor  # noqa: E402  (bench/, the script's own folder)
+from rotated import payload_sizes, rotated_medians, write_floor  # noqa: E402  (bench/, the script's own folder)
 
 SIZES = {
     "small": dict(hidden_size=256, intermediate_size=768, num_hidden_layers=4, num_attention_heads=8,
@@ -73,7 +73,6 @@ def written(gguf: Path, tokens: list[int], out_root: Path) -> tuple[list[int], i
     import llama_cpp
 
     import tracediff
-    from tracediff import format as fmt
 
     llm = llama_cpp.Llama(model_path=str(gguf), n_ctx=max(128, 2 * len(tokens)), logits_all=True, verbose=False,
                           type_k=0, type_v=0)
@@ -81,7 +80,7 @@ def written(gguf: Path, tokens: list[int], out_root: Path) -> tuple[list[int], i
     try:
         with tracediff.capture(llm, out) as session:
             llm.eval(tokens)
-        sizes = [path.stat().st_size for path in out.glob(f"*{fmt.PAYLOAD_SUFFIX}")]
+        sizes = payload_sizes(out)
     finally:
         shutil.rmtree(out.parent)
     llm.close()

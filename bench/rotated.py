@@ -47,4 +47,6 @@ def write_floor(sizes: list[int], out_root: Path) -> Callable[[], None]:
 
 def payload_sizes(folder: Path) -> list[int]:
     """The sizes of the payload files a capture wrote into ``folder``."""
-    return [path.stat().st_size for path in folder.glob("*.safetensors")]
+    from tracediff import format as fmt
+
+    return [path.stat().st_size for path in folder.glob(f"*{fmt.PAYLOAD_SUFFIX}")]

@@ -48,6 +48,7 @@ from typing import Any
 import torch
 
 from .. import format as fmt
+from ..native.fused_columns import STATS_COLUMNS
 from ..order import chunk_size
 
 FLOAT_DTYPES = {torch.float16, torch.bfloat16, torch.float32, torch.float64} | {
@@ -255,7 +256,7 @@ def _fast_partial_scalars(x: torch.Tensor, buffers: StatsBuffers) -> tuple[torch
     return lo, hi, x.sum(), torch.dot(x, x), torch.dot(signs, x), torch.dot(signs, signs)
 
 
-WIDE_PARTS = 9  # the length of ``wide_partials``' result
+WIDE_PARTS = STATS_COLUMNS  # the length of ``wide_partials``' result: a row of the compiled statistics
 
 
 def wide_partials(x: torch.Tensor, buffers: StatsBuffers) -> torch.Tensor:
