@@ -126,6 +126,58 @@ def test_the_pair_is_built_in_one_walk_even_when_values_are_dropped(monkeypatch:
     assert stripped.count("./a.safetensors") == 0 and '"value": [' in stripped
 
 
+shared_trees = st.recursive(
+    st.one_of(scalars, st.integers(0, 2).map(lambda i: ("entry", i))),
+    lambda inner: st.one_of(st.lists(inner, max_size=3),
+                            st.dictionaries(st.sampled_from(["inputs", "args", "outputs", "x"]), inner, max_size=3)),
+    max_leaves=20,
+)
+
+
+def _with_shared(value: object, entries: list[dict[str, object]]) -> object:
+    """``value`` with each ``("entry", i)`` leaf replaced by the very object ``entries[i]``."""
+    if isinstance(value, tuple) and value[:1] == ("entry",):
+        return entries[value[1]]
+    if isinstance(value, dict):
+        return {k: _with_shared(v, entries) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_with_shared(v, entries) for v in value]
+    return value
+
+
+@settings(max_examples=300, deadline=None)
+@given(shape=shared_trees, entries=st.lists(tensor_entries, min_size=3, max_size=3), indent=st.integers(0, 3))
+def test_the_pair_of_a_tree_whose_entries_are_shared_is_the_text_of_json_dumps(
+    shape: object, entries: list[dict[str, object]], indent: int
+) -> None:
+    """A tensor entry that is one object in several places, at several depths (a call's output read by the
+    next ones), is formatted once and written again at each place's indentation."""
+    tree = {"children": [_with_shared(shape, entries), {"deeper": [[_with_shared(shape, entries)]]}]}
+    text, stripped = json_text_pair(tree, drop_key="value", indent=indent, drop_where=fmt.is_tensor_entry,
+                                    repeated=fmt.is_tensor_entry)
+    assert text == json.dumps(tree, indent=indent)
+    assert stripped == json.dumps(_without_entry_values(tree), indent=indent)
+
+
+def test_a_shared_entry_is_formatted_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    entry = {"shape": "torch.Size([2])", "dtype": "torch.float32", "value": "./a.safetensors",
+             "stats": {"mean": 1.0, "min": -0.0}}
+    tree = {"outputs": entry, "children": [{"inputs": {"args": [entry]}, "outputs": [entry, {"x": [entry]}]}]}
+    walked: list[int] = []
+    losing_key = json_text_module._IndentedJsonPair._dict_losing_key
+
+    def counted(self: object, value: dict[str, object], depth: int, drop: str) -> None:
+        walked.append(id(value))
+        losing_key(self, value, depth, drop)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(json_text_module._IndentedJsonPair, "_dict_losing_key", counted)
+    text, stripped = json_text_pair(tree, drop_key="value", drop_where=fmt.is_tensor_entry,
+                                    repeated=fmt.is_tensor_entry)
+    assert text == json.dumps(tree, indent=2)
+    assert stripped == json.dumps(_without_entry_values(tree), indent=2)
+    assert walked == [id(entry)]
+
+
 def test_write_json_pair_writes_both_files_and_nothing_when_it_cannot_serialize(tmp_path: Path) -> None:
     tree = {"inputs": {"args": [{"shape": "torch.Size([2])", "value": "./a.safetensors"}]}, "module_path": "M"}
     write_json_pair(tmp_path / "full.json", tmp_path / "summary.json", tree, drop_key="value")

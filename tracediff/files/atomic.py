@@ -139,7 +139,8 @@ def replace_with(path: Path, data: bytes | list[bytes | memoryview], *, mode: in
 
 def write_json_pair(path: str | os.PathLike[str], stripped_path: str | os.PathLike[str], obj: Any, *,
                     drop_key: str, indent: int | None = 2,
-                    drop_where: Callable[[dict[Any, Any]], bool] | None = None) -> None:
+                    drop_where: Callable[[dict[Any, Any]], bool] | None = None,
+                    repeated: Callable[[dict[Any, Any]], bool] | None = None) -> None:
     """Write ``obj`` to ``path``, and ``obj`` without its ``drop_key`` items to ``stripped_path``.
 
     ``drop_where`` limits the dropping to the dicts it is true for (see
@@ -149,7 +150,8 @@ def write_json_pair(path: str | os.PathLike[str], stripped_path: str | os.PathLi
     trace's FULL_TENSORS and SUMMARY files are the same text when no payload
     is written).
     """
-    text, stripped = json_text_pair(obj, indent=indent, drop_key=drop_key, drop_where=drop_where)
+    text, stripped = json_text_pair(obj, indent=indent, drop_key=drop_key, drop_where=drop_where,
+                                    repeated=repeated)
     _write_text_atomically(Path(path), text.encode("utf-8"))
     _write_text_atomically(Path(stripped_path), stripped.encode("utf-8"))
 

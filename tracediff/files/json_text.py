@@ -201,11 +201,15 @@ class _IndentedJsonPair(_IndentedJson):
     tree: its statistics) is formatted once and shared.
     """
 
-    def __init__(self, indent: int, drop_key: str, drop_where: Callable[[dict[Any, Any]], bool] | None) -> None:
+    def __init__(self, indent: int, drop_key: str, drop_where: Callable[[dict[Any, Any]], bool] | None,
+                 repeated: Callable[[dict[Any, Any]], bool] | None = None) -> None:
         super().__init__(indent, drop_key, drop_where=drop_where)
         self.key = drop_key  # drop_key, never None here
         self.stripped: list[str] = []
         self.dropped = False  # some dict lost the key: the texts differ
+        self.repeated = repeated
+        # id of a ``repeated`` dict -> (its depth, whole text, stripped text): the objects live through the walk
+        self.texts_of: dict[int, tuple[int, str, str]] = {}
         self._whole = _IndentedJson(indent, None)  # the dropped values, which only the whole text holds
         self._whole.parts, self._whole.newlines, self._whole.flat_encoders, self._whole.flat_texts = (
             self.parts, self.newlines, self.flat_encoders, self.flat_texts)
@@ -216,6 +220,32 @@ class _IndentedJsonPair(_IndentedJson):
         return text, "".join(self.stripped) if self.dropped else text
 
     def _value(self, value: Any, depth: int) -> None:
+        if self.repeated is not None and type(value) is dict and value and self.repeated(value):
+            self._repeated(value, depth)
+            return
+        self._walk(value, depth)
+
+    def _repeated(self, value: dict[Any, Any], depth: int) -> None:
+        """A dict that may appear again (one tensor entry read by several calls): walked once, its texts kept
+        and written again, re-indented to the depth it appears at (JSON strings hold no raw newline, so every
+        newline of the text is its own indentation)."""
+        known = self.texts_of.get(id(value))
+        if known is not None:
+            was, whole, stripped = known
+            if was != depth:
+                old, new = self._newline(was), self._newline(depth)
+                whole, stripped = whole.replace(old, new), stripped.replace(old, new)
+            self.parts.append(whole)
+            self.stripped.append(stripped)
+            return
+        start, start_stripped = len(self.parts), len(self.stripped)
+        self._walk(value, depth)
+        whole, stripped = "".join(self.parts[start:]), "".join(self.stripped[start_stripped:])
+        self.parts[start:] = [whole]
+        self.stripped[start_stripped:] = [stripped]
+        self.texts_of[id(value)] = (depth, whole, stripped)
+
+    def _walk(self, value: Any, depth: int) -> None:
         add, add_stripped = self.parts.append, self.stripped.append
         if isinstance(value, dict):
             if not value:
@@ -309,13 +339,19 @@ class _IndentedJsonPair(_IndentedJson):
 
 
 def json_text_pair(obj: Any, *, drop_key: str, indent: int | None = 2,
-                   drop_where: Callable[[dict[Any, Any]], bool] | None = None) -> tuple[str, str]:
-    """``json_text(obj)`` and ``json_text(obj, drop_key=..., drop_where=...)``, built in one walk."""
+                   drop_where: Callable[[dict[Any, Any]], bool] | None = None,
+                   repeated: Callable[[dict[Any, Any]], bool] | None = None) -> tuple[str, str]:
+    """``json_text(obj)`` and ``json_text(obj, drop_key=..., drop_where=...)``, built in one walk.
+
+    ``repeated`` names the dicts that may be the very same object in several places (a trace's tensor
+    entries: one call's output is the next one's input): each is formatted once. None of them may change
+    while the texts are built.
+    """
     if indent is None or not isinstance(indent, int):
         return (json_text(obj, indent=indent),
                 json_text(obj, indent=indent, drop_key=drop_key, drop_where=drop_where))
     try:
-        return _IndentedJsonPair(indent, drop_key, drop_where).texts(obj)
+        return _IndentedJsonPair(indent, drop_key, drop_where, repeated).texts(obj)
     except (_NotPlainJson, RecursionError):
         return (json_text(obj, indent=indent),
                 json_text(obj, indent=indent, drop_key=drop_key, drop_where=drop_where))

@@ -66,9 +66,10 @@ class TraceStage:
     def write_tree(self, tree: Mapping[str, Any], model_name: str) -> None:
         """The FULL_TENSORS file and the SUMMARY file (the same tree without the tensor entries' values)."""
         full, summary = fmt.trace_file_names(model_name)
-        # a keyword argument named "value" is not a tensor entry and stays in SUMMARY
+        # a keyword argument named "value" is not a tensor entry and stays in SUMMARY; a tensor entry is one
+        # object wherever the tensor was recorded again (a call's output read by the next): formatted once
         write_json_pair(self.folder / full, self.folder / summary, tree, drop_key=fmt.VALUE,
-                        drop_where=fmt.is_tensor_entry)
+                        drop_where=fmt.is_tensor_entry, repeated=fmt.is_tensor_entry)
 
     def metadata(self, fields: Mapping[str, Any], *, framework: str | None = None,
                  framework_version: str | None = None) -> dict[str, Any]:

@@ -153,12 +153,32 @@ static int64_t TD_NAME(stats_sums)(const TD_T *x, int64_t n, double *acc, int64_
     return finite;
 }
 
+/* One block's sum, sum of squares, sum of magnitudes and non-zeros, as if every element were finite: the
+ * common case in one loop the compiler vectorizes without counters or selects (td_stats keeps them only
+ * when the sum of squares says the block is finite, else measures it again with stats_sums). */
+static void TD_NAME(finite_sums)(const TD_T *x, int64_t n, double *sums)
+{
+    TD_FREE_ORDER
+    double s = 0.0, sq = 0.0, sa = 0.0, nonzero = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        double v = x[i];
+        s += v;
+        sq += v * v;
+        sa += fabs(v);
+        nonzero += v != 0.0 ? 1.0 : 0.0;
+    }
+    sums[0] = s;
+    sums[1] = sq;
+    sums[2] = sa;
+    sums[3] = nonzero;
+}
+
 #if !defined(__clang__)
 #pragma GCC pop_options
 #endif
 #undef TD_FREE_ORDER
 
-/* The minimum and maximum of a block whose every element is finite (stats_sums counted them), written to
+/* The minimum and maximum of a block whose every element is finite (its sum of squares is), written to
  * *lo and *hi: the compiler may take its min and max instructions, whose NaN and signed-zero rules no
  * element here can reach (a zero's sign may come out either way: -0.0 and 0.0 are equal minima). Nothing
  * else is compared here; the caller merges the result with strict arithmetic. */
@@ -205,7 +225,16 @@ int64_t TD_NAME(td_stats)(const TD_T *x, int64_t n, int64_t chunk, int64_t block
         int64_t counts[4] = {0};
         for (int64_t b0 = c0; b0 < c1; b0 += block) {
             int64_t m = (b0 + block < c1 ? b0 + block : c1) - b0;
-            if (TD_NAME(stats_sums)(x + b0, m, acc, counts) == m) {
+            double sums[4];
+            TD_NAME(finite_sums)(x + b0, m, sums);
+            /* Terms >= 0 in any order: a NaN makes the sum of squares NaN, an infinity +Inf (and a float64
+             * block too large to square is measured again, exactly as one holding an infinity). */
+            if (sums[1] - sums[1] == 0.0) {
+                acc[0] += sums[0];
+                acc[1] += sums[1];
+                acc[2] += sums[2];
+                counts[0] += (int64_t)sums[3];
+                counts[1] += m;
                 TD_T block_lo, block_hi;
                 TD_NAME(finite_extremes)(x + b0, m, &block_lo, &block_hi);
                 if ((double)block_lo < lo)
@@ -213,6 +242,7 @@ int64_t TD_NAME(td_stats)(const TD_T *x, int64_t n, int64_t chunk, int64_t block
                 if ((double)block_hi > hi)
                     hi = (double)block_hi;
             } else {
+                TD_NAME(stats_sums)(x + b0, m, acc, counts);
                 TD_NAME(extremes)(x + b0, m, &lo, &hi);
             }
         }
