@@ -215,3 +215,49 @@ def test_payload_dtypes_kept(f16_cache: Path) -> None:
     assert {"torch.float32", "torch.float16", "torch.int32"} <= dtypes or {"torch.float32", "torch.float16"} <= dtypes
     node = next(n for n in trace.nodes() if n.module_path == "Llama.embd")
     assert np.isfinite(trace.load(node.outputs()[0]).numpy()).all()
+
+
+def test_a_view_is_read_when_asked_and_declined(run: GgufRun, tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """A view ggml computes nothing for is recorded when ggml asks about it and declined, so that ggml computes
+    it with the next node instead of as a graph of its own; every other node is wanted, then recorded once."""
+    from tracediff.capturing.adapters import llama_cpp as adapter
+    from tracediff.capturing.adapters.ggml_tensor import EMPTY_OPS, GgmlTensor
+
+    answers: list[tuple[str, bool, bool]] = []  # (op, ask, answer)
+    on_node = adapter.GraphRecording._on_node
+
+    def logged(self: adapter.GraphRecording, address: int, ask: bool, user_data: object) -> bool:
+        answer = on_node(self, address, ask, user_data)
+        answers.append((self._lib.op(address), ask, answer))
+        return answer
+
+    monkeypatch.setattr(adapter.GraphRecording, "_on_node", logged)
+    llm = llama_cpp.Llama(model_path=str(run.gguf("clean")), n_ctx=64, logits_all=True, verbose=False)
+    with tracediff.capture(llm, tmp_path / "t") as session:
+        llm.eval(TOKENS[0].tolist())
+    assert session.complete and GgmlTensor.op.offset > 0
+    declined = [op for op, ask, answer in answers if ask and not answer]
+    assert declined and set(declined) <= EMPTY_OPS
+    told = [op for op, ask, _ in answers if not ask]
+    assert all(answer for _, ask, answer in answers if not ask)  # False after a compute would stop the graph
+    assert not set(told) & EMPTY_OPS and len(told) + len(declined) == session.calls - 1  # the step aside
+    ops = [node.module_type for node in load_trace(tmp_path / "t").nodes() if node.graph]
+    assert sorted(ops) == sorted(told + declined)
+
+
+def test_views_hold_their_sources_values(f16_cache: Path) -> None:
+    """A view read when ggml asks about it holds its source's values as computed: a reshape the same
+    elements in the same order, a permute or transpose the same elements."""
+    trace = load_trace(f16_cache)
+    checked: dict[str, int] = {}
+    for node in trace.nodes():
+        if node.module_type not in ("RESHAPE", "PERMUTE", "TRANSPOSE") or not node.inputs():
+            continue
+        source, view = trace.load(node.inputs()[0]).float(), trace.load(node.outputs()[0]).float()
+        if node.module_type == "RESHAPE":
+            assert torch.equal(view.flatten(), source.flatten()), node.module_path
+        else:
+            assert torch.equal(view.flatten().sort().values, source.flatten().sort().values), node.module_path
+        checked[node.module_type] = checked.get(node.module_type, 0) + 1
+    assert checked.get("RESHAPE", 0) >= 4 and checked.get("PERMUTE", 0) >= 2, checked

@@ -30,6 +30,9 @@ MAX_DIMS, MAX_SRC, MAX_OP_PARAMS, MAX_NAME = 4, 10, 64, 64
 _PLAIN_TYPES: dict[int, str] = {0: "float32", 1: "float16", 24: "int8", 25: "int16", 26: "int32", 27: "int64",
                                 28: "float64", 30: "bfloat16"}
 GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_BF16, GGML_TYPE_Q8_0 = 0, 1, 30, 8
+#: The ops ggml computes nothing for (ggml-impl.h's ``ggml_op_is_empty``): the node is its source's memory, read
+#: as it is. By name: the enum's numbers change between ggml versions.
+EMPTY_OPS = frozenset({"NONE", "RESHAPE", "TRANSPOSE", "VIEW", "PERMUTE"})
 
 
 class GgmlTensor(ctypes.Structure):
@@ -54,6 +57,9 @@ GgmlTensor._fields_ = [
 ]
 
 
+_OP, _OP_OFFSET = ctypes.c_int, GgmlTensor.op.offset
+
+
 class GgmlLibrary:
     """The few ggml functions the adapter calls: op and type names, dimensions, dequantization."""
 
@@ -64,9 +70,20 @@ class GgmlLibrary:
         self._type_name.argtypes, self._type_name.restype = [ctypes.c_int], ctypes.c_char_p
         self._n_dims = handle.ggml_n_dims
         self._n_dims.argtypes, self._n_dims.restype = [ctypes.c_void_p], ctypes.c_int
+        self._op_name = handle.ggml_op_name
+        self._op_name.argtypes, self._op_name.restype = [ctypes.c_int], ctypes.c_char_p
         self._handle = handle
         self._dequantizers: dict[int, Any] = {}
         self._type_names: dict[int, str] = {}
+        self._empty: dict[int, bool] = {}  # ggml_op value -> computes nothing
+
+    def computes_nothing(self, address: int) -> bool:
+        """True when the node at ``address`` is a view ggml computes nothing for (``EMPTY_OPS``)."""
+        op = _OP.from_address(address + _OP_OFFSET).value
+        empty = self._empty.get(op)
+        if empty is None:  # a handful of distinct values
+            empty = self._empty[op] = (self._op_name(op) or b"").decode("ascii", "replace") in EMPTY_OPS
+        return empty
 
     def op(self, address: int) -> str:
         return (self._op_desc(address) or b"?").decode("ascii", "replace")

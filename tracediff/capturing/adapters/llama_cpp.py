@@ -2,9 +2,11 @@
 
 llama.cpp runs no Python modules: each decode call builds a ggml graph (``embd``, ``attn_norm-0``,
 ``Qcur-0``, ..., ``result_output``) and computes it. llama.cpp's eval callback
-(``llama_context_params.cb_eval``, a ``ggml_backend_sched_eval_callback``) is called after every node is
-computed; the adapter reads the node's ``struct ggml_tensor`` (:mod:`.ggml_tensor`) and feeds the capture's
-``GraphNodeSink`` (:mod:`tracediff.capturing.graph`):
+(``llama_context_params.cb_eval``, a ``ggml_backend_sched_eval_callback``) is asked about every node before
+it is computed and told after each node it wanted; the adapter wants every node that ggml computes and
+reads a view (``RESHAPE``, ``VIEW``, ``PERMUTE``, ``TRANSPOSE``: no computation) when asked, so that ggml
+computes it with the next node rather than as a graph of its own. It reads the node's ``struct ggml_tensor``
+(:mod:`.ggml_tensor`) and feeds the capture's ``GraphNodeSink`` (:mod:`tracediff.capturing.graph`):
 
 * the node's name split at its ``-N`` suffix: ``attn_norm-0`` is ``attn_norm`` in scope ``blk.0``, so that
   every block's nodes are the calls of one structure; a name repeated (``Qcur-0`` after the projection, the
@@ -164,15 +166,28 @@ class GraphRecording:
         self._recorder.begin_step()
 
     def _on_node(self, address: int, ask: bool, _user_data: Any) -> bool:
-        """ggml's callback: ``ask`` -> observe every node; after it is computed, record it. Never raises."""
+        """ggml's callback, twice per node it asks about; never raises.
+
+        Asked before a node is computed (``ask``): a view ggml computes nothing for is recorded at once and
+        declined (False), so that ggml computes it with the next node instead of as a graph of its own (each
+        graph ggml computes for the callback costs a wake-up of its threads); every other node is wanted
+        (True). Told after a node is computed: record it, and go on (True; False would stop the graph).
+        Every node before the one asked about has been computed then, and a view's memory is its source's,
+        which no node overwrites while the view has readers still to run: its values are those it has after
+        its (empty) computation.
+        """
         if ask:
-            return True
+            try:
+                if not self._lib.computes_nothing(int(address)):
+                    return True
+            except Exception:  # noqa: BLE001 - unreadable here: wanted, and read again once computed
+                return True
         try:
             self._record(int(address))
         except Exception as e:  # noqa: BLE001 - an exception must not cross into ggml; the node is recorded as failed
             self._recorder.record_node(key=("unreadable", self._step, self._index), name="unreadable", op="?",
                                        scope=None, output=_Unreadable(e))  # type: ignore[arg-type]
-        return True
+        return not ask
 
     def _record(self, address: int) -> None:
         from .ggml_tensor import read_data, view
