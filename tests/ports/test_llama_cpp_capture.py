@@ -261,3 +261,56 @@ def test_views_hold_their_sources_values(f16_cache: Path) -> None:
             assert torch.equal(view.flatten().sort().values, source.flatten().sort().values), node.module_path
         checked[node.module_type] = checked.get(node.module_type, 0) + 1
     assert checked.get("RESHAPE", 0) >= 4 and checked.get("PERMUTE", 0) >= 2, checked
+
+
+def _payloads(trace_dir: Path) -> list[tuple[str, int, torch.Tensor]]:
+    trace = load_trace(trace_dir)
+    return [(node.module_path, node.call_index, trace.load(record)) for node in trace.nodes() if node.graph
+            for record in node.outputs()]
+
+
+@pytest.mark.parametrize("cache", ["f16", "q8_0"])  # the K cache
+def test_a_node_in_a_device_buffer_is_copied_out_by_ggml(run: GgufRun, tmp_path: Path, cache: str,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A node whose buffer is no host buffer (layers offloaded to a GPU: its ``data`` is the device's address)
+    is copied to the host by ggml's ``ggml_backend_tensor_get``, never read where it lies. On the CPU backend
+    every node is in host memory and read in place; taken for a device's here, every node is copied out by
+    its buffer's own backend, and the trace holds the same bytes (a quantized KV cache's views dequantized
+    from the copy)."""
+    from tracediff.capturing.adapters.ggml_tensor import GgmlLibrary
+
+    kv = {"type_k": 8} if cache == "q8_0" else {}  # a quantized V cache needs flash attention
+    tokens = TOKENS[0].tolist()
+    hosts: list[bool] = []
+    in_host_memory = GgmlLibrary.in_host_memory
+
+    def noted(self: GgmlLibrary, tensor: object) -> bool:
+        hosts.append(in_host_memory(self, tensor))  # type: ignore[arg-type]
+        return hosts[-1]
+
+    monkeypatch.setattr(GgmlLibrary, "in_host_memory", noted)
+    llm = llama_cpp.Llama(model_path=str(run.gguf("clean")), n_ctx=64, logits_all=True, verbose=False, **kv)
+    with tracediff.capture(llm, tmp_path / "in-place") as session:
+        llm.eval(tokens)
+    assert session.complete and hosts and all(hosts)
+
+    copied: list[int] = []
+    copy_to_host = GgmlLibrary.copy_to_host
+
+    def counted(self: GgmlLibrary, tensor: object) -> object:
+        copied.append(1)
+        return copy_to_host(self, tensor)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(GgmlLibrary, "in_host_memory", lambda self, tensor: False)
+    monkeypatch.setattr(GgmlLibrary, "copy_to_host", counted)
+    with tracediff.capture(llm, tmp_path / "copied") as session:
+        llm.eval(tokens)
+    assert session.complete and len(copied) == session.calls - 1  # every node, the step aside
+    in_place, through_ggml = _payloads(tmp_path / "in-place"), _payloads(tmp_path / "copied")
+    assert [(path, index) for path, index, _ in in_place] == [(path, index) for path, index, _ in through_ggml]
+    for (path, index, a), (_, _, b) in zip(in_place, through_ggml):
+        assert a.dtype == b.dtype and a.shape == b.shape, (path, index)
+        assert torch.equal(a.contiguous().view(torch.uint8), b.contiguous().view(torch.uint8)), (path, index)
+    if cache == "q8_0":
+        trace = load_trace(tmp_path / "copied")
+        assert any(node.attributes.get("dequantized") for node in trace.nodes() if node.graph)

@@ -7,12 +7,14 @@ llama.cpp's eval callback hands a pointer to the node it just computed. Its layo
     void * data; char name[64]; void * extra; char padding[8];
 
 ``ne`` counts elements innermost first and ``nb`` gives the byte strides: torch's shape and strides are
-both reversed. The data of a node computed on the CPU backend is host memory, read in place while the
+both reversed. The data of a node in a host buffer (the CPU backend's) is read in place while the
 callback runs: ggml reuses a node's memory for later nodes, and the capture's encoder writes the payload,
 copies it into its pool or measures it before ``record_node`` returns (tests/capturing/test_graph_nodes.py
-holds it to that), so no second copy is made here. Element types a host array holds as they are (F32, F16, BF16,
-integers) keep their dtype; a quantized type (a Q8_0 KV cache) is dequantized to float32 by ggml's own
-``to_float``, and the node says so.
+holds it to that), so no second copy is made here. A node in a device's buffer (layers offloaded with
+``n_gpu_layers``) is copied to the host first by ggml's ``ggml_backend_tensor_get``: its ``data`` is the
+device's address, which the host must never read. Element types a host array holds as they are (F32, F16,
+BF16, integers) keep their dtype; a quantized type (a Q8_0 KV cache) is dequantized to float32 by ggml's
+own ``to_float``, and the node says so.
 """
 
 from __future__ import annotations
@@ -72,6 +74,14 @@ class GgmlLibrary:
         self._n_dims.argtypes, self._n_dims.restype = [ctypes.c_void_p], ctypes.c_int
         self._op_name = handle.ggml_op_name
         self._op_name.argtypes, self._op_name.restype = [ctypes.c_int], ctypes.c_char_p
+        self._nbytes = handle.ggml_nbytes
+        self._nbytes.argtypes, self._nbytes.restype = [ctypes.c_void_p], ctypes.c_size_t
+        self._is_host = handle.ggml_backend_buffer_is_host
+        self._is_host.argtypes, self._is_host.restype = [ctypes.c_void_p], ctypes.c_bool
+        self._tensor_get = handle.ggml_backend_tensor_get
+        self._tensor_get.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t]
+        self._tensor_get.restype = None
+        self._host_buffers: dict[int, bool] = {}  # buffer address -> host memory
         self._handle = handle
         self._dequantizers: dict[int, Any] = {}
         self._type_names: dict[int, str] = {}
@@ -96,6 +106,29 @@ class GgmlLibrary:
 
     def n_dims(self, address: int) -> int:
         return int(self._n_dims(address))
+
+    def in_host_memory(self, tensor: GgmlTensor) -> bool:
+        """True when ``tensor``'s data is host memory: its buffer (its view source's, for a view) is a host
+        buffer, or it has none (a tensor of a context that allocated its own memory)."""
+        owner = tensor.view_src.contents if tensor.view_src else tensor
+        buffer = owner.buffer
+        if not buffer:
+            return True
+        host = self._host_buffers.get(buffer)
+        if host is None:  # a few buffers a context: the weights', the KV cache's, the compute buffer
+            host = self._host_buffers[buffer] = bool(self._is_host(buffer))
+        return host
+
+    def copy_to_host(self, tensor: GgmlTensor) -> np.ndarray:
+        """The bytes of ``tensor`` from its first element to its last (``ggml_nbytes``: a view's strides
+        included), copied out of its buffer by the buffer's own backend (a device's memory)."""
+        address = ctypes.addressof(tensor)
+        size = int(self._nbytes(address))
+        out = np.empty(size, dtype=np.uint8)
+        owner = tensor.view_src.contents if tensor.view_src else tensor
+        if size and owner.buffer:  # ggml_backend_tensor_get aborts the process on a tensor without a buffer
+            self._tensor_get(address, out.ctypes.data, 0, size)
+        return out
 
     def dequantize(self, ggml_type: int, address: int, count: int) -> np.ndarray:
         """``count`` elements of a quantized row block at ``address`` as float32 (ggml's ``to_float``)."""
@@ -191,33 +224,41 @@ def op_attributes(op: str, tensor: GgmlTensor) -> dict[str, Any]:
 
 
 def read_data(lib: GgmlLibrary, tensor: GgmlTensor, shape: tuple[int, ...]) -> np.ndarray:
-    """The node's host data in torch's order (``shape``), of its own dtype; quantized: float32.
+    """The node's data in torch's order (``shape``), of its own dtype; quantized: float32.
 
-    A plain type is a view of ggml's memory, valid only until the eval callback returns; a quantized one is
-    a dequantized copy. BF16 comes back as its 16 bits (``uint16``): the caller views them as bfloat16.
-    Raises ValueError for a node without host data.
+    A plain type in host memory is a view of ggml's memory, valid only until the eval callback returns; in a
+    device's memory, a view of a host copy; a quantized one is a dequantized copy. BF16 comes back as its 16
+    bits (``uint16``): the caller views them as bfloat16. Raises ValueError for a node without data.
     """
     if not tensor.data:
-        raise ValueError("no data (not computed on the host)")
+        raise ValueError("no data (not allocated)")
+    host: np.ndarray | None = None
+    base = tensor.data
+    if not lib.in_host_memory(tensor):
+        host = lib.copy_to_host(tensor)  # a device's memory: never read from the host
+        base = host.ctypes.data
     dtype_name = _PLAIN_TYPES.get(tensor.type)
     if dtype_name is None:
-        return _dequantized(lib, tensor, shape)
+        return _dequantized(lib, tensor, shape, base)
     storage = np.dtype("uint16") if dtype_name == "bfloat16" else np.dtype(dtype_name)
     if 0 in shape:
         return np.empty(shape, dtype=storage)
     strides = tuple(int(s) for s in tensor.nb[:len(shape)])[::-1]
+    if host is not None:
+        return np.ndarray(shape, dtype=storage, buffer=host, strides=strides)
     extent = storage.itemsize + sum((n - 1) * s for n, s in zip(shape, strides))
-    buffer = memoryview((ctypes.c_char * extent).from_address(tensor.data)).cast("B")
+    buffer = memoryview((ctypes.c_char * extent).from_address(base)).cast("B")
     return np.ndarray(shape, dtype=storage, buffer=buffer, strides=strides)
 
 
-def _dequantized(lib: GgmlLibrary, tensor: GgmlTensor, shape: tuple[int, ...]) -> np.ndarray:
-    """A quantized node's rows (ne[0] elements each, contiguous within a row) as float32, in torch's order."""
+def _dequantized(lib: GgmlLibrary, tensor: GgmlTensor, shape: tuple[int, ...], base: int) -> np.ndarray:
+    """A quantized node's rows (ne[0] elements each, contiguous within a row) as float32, in torch's order;
+    ``base`` is the host address of its first byte."""
     n_dims = len(shape)
     ne = [int(n) for n in tensor.ne[:n_dims]]
     nb = [int(s) for s in tensor.nb[:n_dims]]
     rows = np.empty((int(np.prod(ne[1:], dtype=np.int64)) if n_dims > 1 else 1, ne[0]), dtype=np.float32)
     for index, offsets in enumerate(np.ndindex(*ne[1:][::-1]) if n_dims > 1 else [()]):
         offset = sum(i * s for i, s in zip(offsets[::-1], nb[1:]))
-        rows[index] = lib.dequantize(tensor.type, tensor.data + offset, ne[0])
+        rows[index] = lib.dequantize(tensor.type, base + offset, ne[0])
     return rows.reshape(shape)
