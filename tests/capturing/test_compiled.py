@@ -404,3 +404,65 @@ def test_a_record_out_of_program_order_is_counted_and_the_capture_is_not_complet
     meta_file.write_text(json.dumps({**metadata(tmp_path / "compiled"), "complete": True}))
     assert tracediff.load_trace(tmp_path / "compiled").incomplete_reason is not None
     assert not tracediff.align(tmp_path / "eager", tmp_path / "compiled").passed
+
+
+def _payload_names(folder: Path) -> dict[tuple[str, int], dict[str, str]]:
+    """Each call's input and output payload files (their ``value``), by (path, call index)."""
+    tree = json.loads(next(folder.glob("*_FULL_TENSORS.json")).read_text())
+    found: dict[tuple[str, int], dict[str, str]] = {}
+
+    def walk(node: dict[str, Any]) -> None:
+        args = node.get("inputs", {}).get("args", [])
+        outputs = node.get("outputs")
+        found[(node["module_path"], node["call_index"])] = {
+            "input": args[0].get("value") if args and isinstance(args[0], dict) else None,
+            "output": outputs.get("value") if isinstance(outputs, dict) else None}
+        for child in node.get("children", []):
+            walk(child)
+
+    walk(tree)
+    return found
+
+
+def test_a_compiled_capture_writes_each_value_once_as_eager_capture_does(tmp_path: Path) -> None:
+    """Inside a compiled graph a module's input comes in inductor's buffer, which may hold the value of the
+    call before it or, reused in place, another one: it shares that call's payload when its bytes are the
+    payload's, and is written otherwise. Equal bytes are one payload: each block's output, its norm's times a
+    gain of 1.0, is written once here and twice by eager capture (two tensors)."""
+    model, x = tiny(), tokens()
+    capture(model, tmp_path / "eager", x, writers=0)
+    compiled = torch.compile(model, dynamic=False)  # inductor, the default backend
+    _, session = capture(compiled, tmp_path / "compiled", x, writers=0)
+    assert session.complete
+    eager_files = sorted(p.name for p in (tmp_path / "eager").glob("*.safetensors"))
+    compiled_files = sorted(p.name for p in (tmp_path / "compiled").glob("*.safetensors"))
+    assert len(compiled_files) == len(eager_files) - 2, (compiled_files, eager_files)
+    names = _payload_names(tmp_path / "compiled")
+    for block in ("Tiny.layers.0", "Tiny.layers.1"):
+        assert names[(f"{block}.fc1", 0)]["input"] == names[(block, 0)]["input"]  # the block's own input
+        assert names[(f"{block}.act", 0)]["input"] == names[(f"{block}.fc1", 0)]["output"]
+        assert names[(f"{block}.fc2", 0)]["input"] == names[(f"{block}.act", 0)]["output"]
+        assert names[(block, 0)]["output"] == names[(f"{block}.norm", 0)]["output"]
+    result = tracediff.align(tmp_path / "eager", tmp_path / "compiled")
+    assert result.passed and len(result.rows) > 0
+
+
+def test_a_graph_buffer_is_taken_for_a_written_value_only_on_its_bytes(tmp_path: Path) -> None:
+    from tracediff.capturing.encode import Encoder
+    from tracediff.capturing.graph_buffers import mark
+    from tracediff.files.payloads import read_tensor_file
+
+    encoder = Encoder(tmp_path, "full")
+    buffer = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    first = encoder.encode(mark(buffer.detach()), "a")
+    assert encoder.encode(mark(buffer.detach()), "b") is first  # the same memory, the same bytes
+    buffer.numpy()[0, 0] = 99.0  # written in place as inductor's kernels write: no version bump
+    changed = encoder.encode(mark(buffer.detach()), "c")
+    assert changed is not first
+    assert read_tensor_file(tmp_path / "c.safetensors")[0, 0].item() == 99.0
+    assert encoder.encode(mark(buffer.clone()), "d") is changed  # other memory, the same bytes
+    assert encoder.encode(mark(buffer.t()), "e") is not changed  # another layout
+    assert encoder.encode(buffer.detach(), "f") is not changed  # no graph's buffer: eager's rule alone
+    assert sorted(p.name for p in tmp_path.glob("*.safetensors")) == [
+        "a.safetensors", "c.safetensors", "e.safetensors", "f.safetensors"]
+    assert read_tensor_file(tmp_path / "a.safetensors")[0, 0].item() == 0.0

@@ -17,7 +17,9 @@ otherwise.
 
 A tensor object seen again unchanged (same object, same version counter, as
 when one module's output is the next one's input) is neither written nor
-measured twice: its entry points to the first payload.
+measured twice: its entry points to the first payload. A compiled graph's
+buffer is taken for a value written before only when it holds that payload's
+very bytes (:mod:`.graph_buffers`).
 
 Payload names and tensor entries come from the stage every trace writer
 shares (:class:`tracediff.files.trace_writing.TraceStage`, ``Encoder.stage``),
@@ -41,6 +43,7 @@ from ..format import as_json, is_json_safe
 from .compat import _tensor_lines, sanitize_repr
 from .device_stats import DeviceStats, measured_on_device
 from .distributed import dtensor_layout, is_dtensor
+from .graph_buffers import WrittenBuffers, is_marked
 from .parallel_layouts import dtensor_placements
 from .pipeline import Measure, PayloadPipeline
 from .stats import FLOAT_DTYPES, StatsBuffers, fill_entry_stats, placeholder_strings, string_fields, tensor_stats
@@ -73,6 +76,7 @@ class Encoder:
         self.devices: set[str] = self.stage.devices
         self.dtypes: set[str] = self.stage.dtypes
         self._seen: dict[int, tuple[weakref.ref[torch.Tensor], int | None, dict[str, Any]]] = {}
+        self._graph_buffers = WrittenBuffers()  # payloads of a compiled graph's buffers, written in the hook
         self._stats_buffers = StatsBuffers()
         self._device_stats = DeviceStats(self._stats_buffers)
         # payloads to write once ``value`` is encoded, with the statistics the writer computes (or None)
@@ -104,6 +108,7 @@ class Encoder:
             unwritten = {id(entry) for _, _, entry, _ in self._unwritten}
             for key in [k for k, seen in self._seen.items() if id(seen[2]) in unwritten]:
                 del self._seen[key]  # never point a later tensor to a payload that was not written
+            self._graph_buffers.clear()
             self._unwritten.clear()
             raise
         return encoded
@@ -111,6 +116,7 @@ class Encoder:
     def forget_seen(self) -> None:
         """Encode tensors seen so far anew from here on (a new decode step: its payloads are kept or not apart)."""
         self._seen.clear()
+        self._graph_buffers.clear()
 
     def _encode(self, value: Any, name: str) -> Any:
         if isinstance(value, torch.Tensor):
@@ -139,7 +145,14 @@ class Encoder:
             dtensor: Any = value  # a DTensor: torch's stubs do not know it is a Tensor subclass
             tensor = dtensor.full_tensor() if self.full_dtensor else dtensor._local_tensor
         tensor = tensor.detach()
+        graph_buffer = layout is None and self._writes_in_hook() and is_marked(value)
+        if graph_buffer:
+            earlier = self._graph_buffers.entry_for(tensor)
+            if earlier is not None:
+                return earlier
         entry = self._describe(tensor, name)
+        if graph_buffer and self._unwritten and self._unwritten[-1][2] is entry:
+            self._graph_buffers.remember(tensor, entry, self._unwritten[-1][0])
         if layout is not None:
             entry[fmt.DTENSOR] = layout
         if placements is not None:
@@ -151,6 +164,10 @@ class Encoder:
 
         self._seen[key] = (weakref.ref(value, forget), version, entry)
         return entry
+
+    def _writes_in_hook(self) -> bool:
+        """True when payloads are written before ``encode`` returns (``tensors="full"``, no writer threads)."""
+        return self.tensors == "full" and (self.pipeline is None or not self.pipeline.writers)
 
     def _measure(self, tensor: torch.Tensor, on_device: bool) -> dict[str, Any]:
         """The statistics of a host tensor now; an empty dict for a device tensor, filled in later."""

@@ -32,6 +32,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from .graph_buffers import mark
+
 if TYPE_CHECKING:
     from .observer import CallObserver
 
@@ -96,10 +98,11 @@ class _Site:
     def receive(self, event: int, tensors: list[torch.Tensor], skeleton: str) -> None:
         try:
             # detach(): a fresh tensor object each time. Inductor reuses buffers in place, so the same object
-            # may hold another value at the next record; a fresh object is never taken for one seen unchanged.
-            value = rebuild(skeleton, [t.detach() for t in tensors])
+            # may hold another value at the next record; a fresh object is never taken for one seen unchanged,
+            # and a buffer is taken for a value written before only on the evidence of its bytes (graph_buffers).
+            value = rebuild(skeleton, [mark(t.detach()) for t in tensors])
         except Exception:  # noqa: BLE001 - a skeleton we cannot read still records the tensors
-            value = [t.detach() for t in tensors]
+            value = [mark(t.detach()) for t in tensors]
         if event == ENTER:
             args, kwargs = _call_arguments(value)
             self.open.append(self.observer.enter(self.module, self.path, args, kwargs))
