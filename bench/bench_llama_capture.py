@@ -12,7 +12,7 @@ default threads. ``--size 1b`` is what users run, at every default: the shape of
 intermediate 8192, 16 layers, 32 heads, 8 key/value heads; its vocabulary aside, 0.97 B parameters) saved
 in bfloat16 as its published checkpoint is, converted at the converter's default ``--outtype auto`` (a BF16
 GGUF, 1.9 GB) and run with llama.cpp's default F16 KV cache, a decode of 64 tokens by default. Needs the
-llama extra; the first run builds the model (a few minutes, 6 GB in ``--cache``).
+llama extra; the first run builds the model (about a minute here, 4 GB in ``--cache``).
 
 Configurations, run interleaved in this one process: one warm-up run each, then ``--repeats`` rounds that
 run every configuration once, in an order rotated from round to round so that drift of a noisy machine

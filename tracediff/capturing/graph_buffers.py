@@ -9,8 +9,8 @@ another rule every module's input is written a second time, the output of the ca
 
 The rule here takes a record's tensor for a value written earlier on the evidence of its bytes: a CPU
 tensor of the same dtype, shape and strides as a payload written earlier (the one written from the same
-memory, and the latest of that layout), whose bytes are that payload's, read back from its file (from
-the page cache, as a rule) and compared whole. Equal bytes are the same value, which is what a shared
+memory, and the latest of that layout), whose bytes are that payload's, compared whole with its file
+(mapped: the page cache holds it, as a rule). Equal bytes are the same value, which is what a shared
 entry says (docs/trace-format.md). Only where payloads are written in the hook (``writers=0``: the file is
 complete when the next record comes), among the last ``LIMIT`` payloads; anything else is written as
 before.
