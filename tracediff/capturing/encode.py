@@ -145,7 +145,7 @@ class Encoder:
             dtensor: Any = value  # a DTensor: torch's stubs do not know it is a Tensor subclass
             tensor = dtensor.full_tensor() if self.full_dtensor else dtensor._local_tensor
         tensor = tensor.detach()
-        graph_buffer = layout is None and self._writes_in_hook() and is_marked(value)
+        graph_buffer = is_marked(value) and layout is None and self._writes_in_hook()
         if graph_buffer:
             earlier = self._graph_buffers.entry_for(tensor)
             if earlier is not None:
@@ -166,8 +166,11 @@ class Encoder:
         return entry
 
     def _writes_in_hook(self) -> bool:
-        """True when payloads are written before ``encode`` returns (``tensors="full"``, no writer threads)."""
-        return self.tensors == "full" and (self.pipeline is None or not self.pipeline.writers)
+        """True when payloads are written before ``encode`` returns: ``tensors="full"``, no writer threads, and
+        no decode step holding its payloads until it is known whether they are kept."""
+        pipeline = self.pipeline
+        return self.tensors == "full" and (pipeline is None
+                                           or isinstance(pipeline, PayloadPipeline) and not pipeline.writers)
 
     def _measure(self, tensor: torch.Tensor, on_device: bool) -> dict[str, Any]:
         """The statistics of a host tensor now; an empty dict for a device tensor, filled in later."""
