@@ -66,21 +66,14 @@ class GgmlLibrary:
     """The few ggml functions the adapter calls: op and type names, dimensions, dequantization."""
 
     def __init__(self, handle: ctypes.CDLL) -> None:
-        self._op_desc = handle.ggml_op_desc
-        self._op_desc.argtypes, self._op_desc.restype = [ctypes.c_void_p], ctypes.c_char_p
-        self._type_name = handle.ggml_type_name
-        self._type_name.argtypes, self._type_name.restype = [ctypes.c_int], ctypes.c_char_p
-        self._n_dims = handle.ggml_n_dims
-        self._n_dims.argtypes, self._n_dims.restype = [ctypes.c_void_p], ctypes.c_int
-        self._op_name = handle.ggml_op_name
-        self._op_name.argtypes, self._op_name.restype = [ctypes.c_int], ctypes.c_char_p
-        self._nbytes = handle.ggml_nbytes
-        self._nbytes.argtypes, self._nbytes.restype = [ctypes.c_void_p], ctypes.c_size_t
-        self._is_host = handle.ggml_backend_buffer_is_host
-        self._is_host.argtypes, self._is_host.restype = [ctypes.c_void_p], ctypes.c_bool
-        self._tensor_get = handle.ggml_backend_tensor_get
-        self._tensor_get.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t]
-        self._tensor_get.restype = None
+        void, size = ctypes.c_void_p, ctypes.c_size_t
+        self._op_desc = _bound(handle, "ggml_op_desc", [void], ctypes.c_char_p)
+        self._type_name = _bound(handle, "ggml_type_name", [ctypes.c_int], ctypes.c_char_p)
+        self._n_dims = _bound(handle, "ggml_n_dims", [void], ctypes.c_int)
+        self._op_name = _bound(handle, "ggml_op_name", [ctypes.c_int], ctypes.c_char_p)
+        self._nbytes = _bound(handle, "ggml_nbytes", [void], size)
+        self._is_host = _bound(handle, "ggml_backend_buffer_is_host", [void], ctypes.c_bool)
+        self._tensor_get = _bound(handle, "ggml_backend_tensor_get", [void, void, size, size], None)
         self._host_buffers: dict[int, bool] = {}  # buffer address -> host memory
         self._handle = handle
         self._dequantizers: dict[int, Any] = {}
@@ -110,8 +103,7 @@ class GgmlLibrary:
     def in_host_memory(self, tensor: GgmlTensor) -> bool:
         """True when ``tensor``'s data is host memory: its buffer (its view source's, for a view) is a host
         buffer, or it has none (a tensor of a context that allocated its own memory)."""
-        owner = tensor.view_src.contents if tensor.view_src else tensor
-        buffer = owner.buffer
+        buffer = _buffer(tensor)
         if not buffer:
             return True
         host = self._host_buffers.get(buffer)
@@ -125,8 +117,7 @@ class GgmlLibrary:
         address = ctypes.addressof(tensor)
         size = int(self._nbytes(address))
         out = np.empty(size, dtype=np.uint8)
-        owner = tensor.view_src.contents if tensor.view_src else tensor
-        if size and owner.buffer:  # ggml_backend_tensor_get aborts the process on a tensor without a buffer
+        if size and _buffer(tensor):  # ggml_backend_tensor_get aborts the process on a tensor without a buffer
             self._tensor_get(address, out.ctypes.data, 0, size)
         return out
 
@@ -134,8 +125,7 @@ class GgmlLibrary:
         """``count`` elements of a quantized row block at ``address`` as float32 (ggml's ``to_float``)."""
         to_float = self._dequantizers.get(ggml_type)
         if to_float is None:
-            traits = self._handle.ggml_get_type_traits
-            traits.argtypes, traits.restype = [ctypes.c_int], ctypes.POINTER(_TypeTraits)
+            traits = _bound(self._handle, "ggml_get_type_traits", [ctypes.c_int], ctypes.POINTER(_TypeTraits))
             pointer = traits(ggml_type).contents.to_float
             if not pointer:
                 raise ValueError(f"ggml type {self.type_name(ggml_type)} has no to_float")
@@ -144,6 +134,20 @@ class GgmlLibrary:
         out = np.empty(count, dtype=np.float32)
         to_float(address, out.ctypes.data, count)
         return out
+
+
+def _bound(handle: ctypes.CDLL, name: str, argtypes: list[Any], restype: Any) -> Any:
+    """``handle``'s function ``name`` with its C signature."""
+    function = getattr(handle, name)
+    function.argtypes, function.restype = argtypes, restype
+    return function
+
+
+def _buffer(tensor: GgmlTensor) -> int | None:
+    """The address of the backend buffer holding ``tensor``'s data (its view source's, for a view; ggml's
+    own rule), or None."""
+    owner = tensor.view_src.contents if tensor.view_src else tensor
+    return owner.buffer
 
 
 _TO_FLOAT = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)
