@@ -16,7 +16,8 @@ llama extra; the first run builds the model (about a minute here, 4 GB in ``--ca
 
 Configurations, run interleaved in this one process: one warm-up run each, then ``--repeats`` rounds that
 run every configuration once, in an order rotated from round to round so that drift of a noisy machine
-spreads evenly:
+spreads evenly (the two diagnoses, ``callback_statistics_and_wait`` and ``summary_without_journal``, only
+when named in ``--configs``):
 
 - ``plain``: ``llm.reset(); llm.eval(tokens)``: one decode of the prompt;
 - ``plain_fresh_context``: the same decode in a context created for it (what a capture does: llama.cpp's
@@ -27,8 +28,16 @@ spreads evenly:
 - ``callback_computed_only``: the same, the callback declining the views ggml computes nothing for (as a
   capture does: it reads them when asked), so that each is computed with the next node: what no capture
   through llama.cpp's eval callback can beat;
+- ``callback_statistics_only``: the same, the callback also reading each node's data (a view's when asked)
+  and measuring it with the capture's own compiled statistics, recording nothing: what no summary capture
+  through the eval callback can beat (its format holds every node's statistics);
+- ``callback_statistics_and_wait``: the same, the callback then waiting ``WAIT_US`` (400 us, about what a
+  summary capture spends on a node's records) before it returns: whether a longer callback costs ggml more
+  than its own time (it would, were ggml's threads to sleep or its caches to cool while Python runs);
 - ``full``: ``tracediff.capture(llm, out)`` around the decode (every node's payload and statistics);
 - ``summary``: the same with ``tensors="summary"`` (statistics only);
+- ``summary_without_journal``: ``summary`` with the capture's journal writing nothing (no trace survives a
+  crash then: a diagnosis of what the journal's lines cost, not a configuration anyone runs);
 - ``write_floor``: writing the bytes a full capture writes, as payload files of the same sizes, to a fresh
   folder: with ``plain``, what no full capture can beat.
 
@@ -49,6 +58,7 @@ import platform
 import shutil
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -68,6 +78,9 @@ SIZES = {
 #: The sizes run at the defaults users have: a bfloat16 checkpoint, the converter's --outtype, llama.cpp's KV cache.
 AT_DEFAULTS = frozenset({"1b"})
 TOKENS = {"small": 64, "large": 128, "1b": 64}
+WAIT_US = 400  # callback_statistics_and_wait's wait a node
+#: Configurations run only when named in --configs: diagnoses of where a capture's time goes.
+DIAGNOSES = frozenset({"callback_statistics_and_wait", "summary_without_journal"})
 
 
 def build(cache: Path, size: str) -> Path:
@@ -116,6 +129,7 @@ def written(gguf: Path, tokens: list[int], out_root: Path, kv: dict[str, int]) -
 def configurations(gguf: Path, tokens: list[int], out_root: Path,
                    kv: dict[str, int]) -> dict[str, Callable[[], None]]:
     import llama_cpp
+    import numpy as np
     from llama_cpp import _internals
 
     import tracediff
@@ -158,20 +172,57 @@ def configurations(gguf: Path, tokens: list[int], out_root: Path,
     def computed_only(node: int, ask: bool, _data: Any) -> bool:
         return not ask or not lib.computes_nothing(node)
 
-    def captured(tensors: str) -> Callable[[], None]:
+    from tracediff.capturing.adapters.ggml_tensor import GgmlTensor, n_dims, read_data
+    from tracediff.capturing.stats import CHUNK, _compiled_stats, float_summary
+
+    kernel = _compiled_stats()
+
+    def statistics_only(node: int, ask: bool, _data: Any) -> bool:
+        """A summary capture's least work: each node's data read and measured by the capture's own kernel
+        (views when asked, and declined), nothing recorded."""
+        if ask and not lib.computes_nothing(node):
+            return True
+        tensor = GgmlTensor.from_address(node)
+        shape = tuple(int(n) for n in tensor.ne[:n_dims(tensor)])[::-1]
+        values = read_data(lib, tensor, shape).reshape(-1)
+        if values.dtype == np.uint16:  # bfloat16's bits
+            values = (values.astype(np.uint32) << 16).view(np.float32)
+        if values.dtype.kind == "f" and values.size and kernel is not None:
+            wide = values if values.dtype in (np.float32, np.float64) else values.astype(np.float32)
+            float_summary(values.size, kernel.stats(np.ascontiguousarray(wide), CHUNK).tolist())
+        return not ask
+
+    def statistics_and_wait(node: int, ask: bool, data: Any) -> bool:
+        answer = statistics_only(node, ask, data)
+        if not (ask and answer):
+            end = time.perf_counter() + WAIT_US * 1e-6
+            while time.perf_counter() < end:
+                pass
+        return answer
+
+    def captured(tensors: str, journal: bool = True) -> Callable[[], None]:
+        from tracediff.capturing.journal import Journal
+
         def run() -> None:
             out = Path(tempfile.mkdtemp(dir=out_root)) / "trace"
+            write = Journal._write
+            if not journal:
+                Journal._write = lambda _self, _entry: None  # type: ignore[method-assign]
             try:
                 with tracediff.capture(llm, out, tensors=tensors):  # type: ignore[arg-type]
                     llm.eval(tokens)
             finally:
+                Journal._write = write  # type: ignore[method-assign]
                 shutil.rmtree(out.parent)
         return run
 
     return {"plain": plain, "plain_fresh_context": plain_fresh_context,
             "callback_only": with_callback(lambda _node, _ask, _data: True),
             "callback_computed_only": with_callback(computed_only),
-            "full": captured("full"), "summary": captured("summary")}
+            "callback_statistics_only": with_callback(statistics_only),
+            "callback_statistics_and_wait": with_callback(statistics_and_wait),
+            "full": captured("full"), "summary": captured("summary"),
+            "summary_without_journal": captured("summary", journal=False)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -182,7 +233,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cache", type=Path, default=Path(tempfile.gettempdir()) / "tracediff-bench-llama")
     parser.add_argument("--out-root", type=Path, default=Path(tempfile.gettempdir()))
     parser.add_argument("--json", type=Path)
-    parser.add_argument("--configs", help="comma-separated configurations to run (default: all; plain always)")
+    parser.add_argument("--configs", help="comma-separated configurations to run (default: all but the diagnoses "
+                        "callback_statistics_and_wait and summary_without_journal; plain always)")
     args = parser.parse_args(argv)
     import llama_cpp
 
@@ -199,6 +251,8 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             parser.error(f"unknown configurations {', '.join(sorted(unknown))}: choose from {', '.join(runs)}")
         runs = {name: run for name, run in runs.items() if name in chosen}
+    else:
+        runs = {name: run for name, run in runs.items() if name not in DIAGNOSES}
     names = list(runs)
     medians, times, load = rotated_medians(runs, args.repeats)
     print(f"llama-cpp-python {llama_cpp.__version__}, {platform.processor() or platform.machine()}, "
@@ -210,7 +264,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in names:
         print(f"{name:24} {medians[name]:9.4f} {medians[name] / medians['plain']:7.2f}x")
     fresh = medians.get("plain_fresh_context", medians["plain"])
-    for name in ("callback_only", "callback_computed_only", "summary"):
+    for name in ("callback_only", "callback_computed_only", "callback_statistics_only",
+                 "callback_statistics_and_wait", "summary", "summary_without_journal"):
         if name in medians:
             print(f"{name}: {medians[name] / medians['plain']:.2f}x plain, "
                   f"{(medians[name] - fresh) / max(nodes, 1) * 1e6:.0f} us per node beyond the run")

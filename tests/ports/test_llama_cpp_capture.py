@@ -229,7 +229,7 @@ def test_a_view_is_read_when_asked_and_declined(run: GgufRun, tmp_path: Path,
 
     def logged(self: adapter.GraphRecording, address: int, ask: bool, user_data: object) -> bool:
         answer = on_node(self, address, ask, user_data)
-        answers.append((self._lib.op(address), ask, answer))
+        answers.append((self._lib.op(GgmlTensor.from_address(address)), ask, answer))
         return answer
 
     monkeypatch.setattr(adapter.GraphRecording, "_on_node", logged)
@@ -267,6 +267,49 @@ def _payloads(trace_dir: Path) -> list[tuple[str, int, torch.Tensor]]:
     trace = load_trace(trace_dir)
     return [(node.module_path, node.call_index, trace.load(record)) for node in trace.nodes() if node.graph
             for record in node.outputs()]
+
+
+def test_op_names_and_dimensions_are_ggmls_own() -> None:
+    """A node's op name, kept once per op and first parameter, is what ggml's ``ggml_op_desc`` says of it:
+    each unary and GLU op by its own name (``SILU``, ``GELU``, ``SWIGLU``...), not the first one seen; and the
+    dimensions counted in Python are ``ggml_n_dims``'s."""
+    import ctypes
+
+    from tracediff.capturing.adapters.ggml_tensor import MAX_DIMS, GgmlTensor, n_dims
+    from tracediff.capturing.adapters.llama_cpp import _ggml
+
+    lib = _ggml(llama_cpp)
+    handle = lib._handle
+    desc = handle.ggml_op_desc
+    desc.argtypes, desc.restype = [ctypes.c_void_p], ctypes.c_char_p
+    ggml_dims = handle.ggml_n_dims
+    ggml_dims.argtypes, ggml_dims.restype = [ctypes.c_void_p], ctypes.c_int
+    op_name = handle.ggml_op_name
+    op_name.argtypes, op_name.restype = [ctypes.c_int], ctypes.c_char_p
+    ops: dict[str, int] = {}
+    while "GLU" not in ops:  # ggml_op_name reads its table unchecked: stop at GLU, the last op before GGML_OP_COUNT
+        name = (op_name(len(ops)) or b"").decode("ascii", "replace")
+        assert name.replace("_", "").isalnum() and len(ops) < 200, f"op {len(ops)}: {name!r}"
+        ops[name] = len(ops)
+    seen: dict[str, set[str]] = {}
+    # ABS, SGN, NEG, STEP, TANH, ELU, RELU, SIGMOID; REGLU, GEGLU, SWIGLU (their name tables are read unchecked too)
+    for family, count in (("UNARY", 8), ("GLU", 3)):
+        for parameter in range(count):
+            tensor = GgmlTensor()
+            tensor.op, tensor.op_params[0] = ops[family], parameter
+            expected = desc(ctypes.addressof(tensor)).decode()
+            assert lib.op(tensor) == expected and lib.op(tensor) == expected  # kept, then read back
+            seen.setdefault(family, set()).add(expected)
+    assert len(seen["UNARY"]) == 8 and len(seen["GLU"]) == 3
+    tensor = GgmlTensor()
+    tensor.op = ops["MUL_MAT"]
+    assert lib.op(tensor) == "MUL_MAT"
+    for ne in ((1, 1, 1, 1), (5, 1, 1, 1), (1, 5, 1, 1), (5, 5, 1, 1), (5, 1, 5, 1), (5, 5, 5, 5), (1, 1, 1, 5),
+               (0, 1, 1, 1), (5, 0, 1, 1)):
+        tensor = GgmlTensor()
+        for i in range(MAX_DIMS):
+            tensor.ne[i] = ne[i]
+        assert n_dims(tensor) == ggml_dims(ctypes.addressof(tensor)), ne
 
 
 @pytest.mark.parametrize("cache", ["f16", "q8_0"])  # the K cache

@@ -69,7 +69,6 @@ class GgmlLibrary:
         void, size = ctypes.c_void_p, ctypes.c_size_t
         self._op_desc = _bound(handle, "ggml_op_desc", [void], ctypes.c_char_p)
         self._type_name = _bound(handle, "ggml_type_name", [ctypes.c_int], ctypes.c_char_p)
-        self._n_dims = _bound(handle, "ggml_n_dims", [void], ctypes.c_int)
         self._op_name = _bound(handle, "ggml_op_name", [ctypes.c_int], ctypes.c_char_p)
         self._nbytes = _bound(handle, "ggml_nbytes", [void], size)
         self._is_host = _bound(handle, "ggml_backend_buffer_is_host", [void], ctypes.c_bool)
@@ -79,6 +78,7 @@ class GgmlLibrary:
         self._dequantizers: dict[int, Any] = {}
         self._type_names: dict[int, str] = {}
         self._empty: dict[int, bool] = {}  # ggml_op value -> computes nothing
+        self._op_descs: dict[tuple[int, int], str] = {}
 
     def computes_nothing(self, address: int) -> bool:
         """True when the node at ``address`` is a view ggml computes nothing for (``EMPTY_OPS``)."""
@@ -88,17 +88,19 @@ class GgmlLibrary:
             empty = self._empty[op] = (self._op_name(op) or b"").decode("ascii", "replace") in EMPTY_OPS
         return empty
 
-    def op(self, address: int) -> str:
-        return (self._op_desc(address) or b"?").decode("ascii", "replace")
+    def op(self, tensor: GgmlTensor) -> str:
+        """ggml's name of the op (``ggml_op_desc``: a unary or GLU op by its own name, ``SILU``, ``SWIGLU``)."""
+        key = (tensor.op, tensor.op_params[0])  # ggml_op_desc reads the op, and a unary/GLU op's first parameter
+        desc = self._op_descs.get(key)
+        if desc is None:  # a few dozen distinct keys a model
+            desc = self._op_descs[key] = (self._op_desc(ctypes.addressof(tensor)) or b"?").decode("ascii", "replace")
+        return desc
 
     def type_name(self, ggml_type: int) -> str:
         name = self._type_names.get(ggml_type)
         if name is None:  # asked for every node and each of its sources: a handful of distinct values
             name = self._type_names[ggml_type] = (self._type_name(ggml_type) or b"?").decode("ascii", "replace")
         return name
-
-    def n_dims(self, address: int) -> int:
-        return int(self._n_dims(address))
 
     def in_host_memory(self, tensor: GgmlTensor) -> bool:
         """True when ``tensor``'s data is host memory: its buffer (its view source's, for a view) is a host
@@ -134,6 +136,15 @@ class GgmlLibrary:
         out = np.empty(count, dtype=np.float32)
         to_float(address, out.ctypes.data, count)
         return out
+
+
+def n_dims(tensor: GgmlTensor) -> int:
+    """``ggml_n_dims``: one more than the last dimension holding more than one element (1 at least)."""
+    ne = tensor.ne
+    for i in range(MAX_DIMS - 1, 0, -1):
+        if ne[i] > 1:
+            return i + 1
+    return 1
 
 
 def _bound(handle: ctypes.CDLL, name: str, argtypes: list[Any], restype: Any) -> Any:
@@ -179,7 +190,7 @@ class NodeView:
 def view(lib: GgmlLibrary, address: int) -> tuple[NodeView, GgmlTensor]:
     """The node at ``address`` (its struct and what the adapter needs of it), without its data."""
     tensor = GgmlTensor.from_address(address)
-    n_dims = lib.n_dims(address)
+    dims = n_dims(tensor)
     sources: list[int] = []
     names: dict[int, str] = {}
     types: dict[int, str] = {}
@@ -187,19 +198,25 @@ def view(lib: GgmlLibrary, address: int) -> tuple[NodeView, GgmlTensor]:
         if not pointer:
             continue  # a missing optional source (ggml leaves a gap, as ROPE's frequency factors)
         src = ctypes.cast(pointer, ctypes.c_void_p).value or 0
+        source = pointer.contents
         sources.append(src)
-        names[src] = pointer.contents.name.decode("utf-8", "replace")
-        types[src] = lib.type_name(pointer.contents.type)
-    op = lib.op(address)
+        names[src] = source.name.decode("utf-8", "replace")
+        types[src] = lib.type_name(source.type)
+    op = lib.op(tensor)
     node = NodeView(address=address, name=tensor.name.decode("utf-8", "replace"), op=op,
-                    type_name=lib.type_name(tensor.type), shape=tuple(int(n) for n in tensor.ne[:n_dims])[::-1],
+                    type_name=lib.type_name(tensor.type), shape=tuple(int(n) for n in tensor.ne[:dims])[::-1],
                     sources=tuple(sources), source_names=names, source_types=types,
                     attributes=op_attributes(op, tensor))
     return node, tensor
 
 
+_PARAMETRIZED = frozenset({"RMS_NORM", "NORM", "ROPE", "ROPE_BACK", "SOFT_MAX", "FLASH_ATTN_EXT", "SCALE"})
+
+
 def op_attributes(op: str, tensor: GgmlTensor) -> dict[str, Any]:
     """The op parameters that change numerics, by name (eps, rope mode and base, attention scale)."""
+    if op not in _PARAMETRIZED:
+        return {}
     raw = bytes(tensor.op_params)
 
     def floats(first: int, count: int) -> tuple[float, ...]:
