@@ -63,7 +63,7 @@ _OP, _OP_OFFSET = ctypes.c_int, GgmlTensor.op.offset
 
 
 class GgmlLibrary:
-    """The few ggml functions the adapter calls: op and type names, dimensions, dequantization."""
+    """The few ggml functions the adapter calls: op and type names, sizes, host buffers, copies, dequantization."""
 
     def __init__(self, handle: ctypes.CDLL) -> None:
         void, size = ctypes.c_void_p, ctypes.c_size_t
