@@ -26,8 +26,8 @@ def test_ci_runs_exactly_the_readme_command() -> None:
 
 def test_the_test_command_lints_and_type_checks_before_the_tests() -> None:
     command = _readme_test_command()
-    ruff, mypy, pytest = (command.index(s) for s in ("ruff check tracediff tests bench scripts", "mypy tracediff",
-                                                      "python -m pytest"))
+    ruff, mypy, pytest = (command.index(s) for s in ("ruff check tracediff tests bench scripts fixtures",
+                                                      "mypy tracediff", "python -m pytest"))
     assert ruff < mypy < pytest
     extra = tomllib.loads(ROOT.joinpath("pyproject.toml").read_text(encoding="utf-8"))
     test_extra = " ".join(extra["project"]["optional-dependencies"]["test"])
