@@ -1,6 +1,6 @@
 """Cost of capturing a model compiled with ``torch.compile``, next to capturing it eager.
 
-    python bench/bench_compiled_capture.py [--repeats 7] [--width 256] [--json out.json]
+    python bench/bench_compiled_capture.py [--repeats 7] [--width 256] [--writers N] [--json out.json]
 
 Model: three blocks of Linear(W, 4W) / GELU / Linear(4W, W) / residual / LayerNorm(W), random weights
 (seed 0), input [4, 128, W], CPU, float32, under ``torch.no_grad()``; compiled with inductor,
@@ -10,7 +10,8 @@ Five configurations run in this one process, interleaved, in an order rotated fr
 eager forward, its full capture, the compiled forward, its full capture (``compiled="modules"``: the
 records inside the graph), each capture with the payload files and bytes it wrote, and the write floor:
 writing the bytes of the eager capture's payloads (each value once), as files of the same sizes, to a
-fresh folder; with the compiled forward, what no full capture of the compiled model can beat. Each configuration
+fresh folder; with the compiled forward, what no full capture of the compiled model can beat. ``--writers``
+sets both captures' payload writer threads (default: the capture's own, none on two cores). Each configuration
 first runs once to warm up, so compilation is not timed:
 the compiled capture compiles its graph once, on its warm-up run, and every later capture of the same
 model runs that graph. Each capture writes into a fresh folder, deleted after it is measured. The figures
@@ -82,12 +83,13 @@ def timed(run: Callable[[], Any]) -> float:
     return time.perf_counter() - start
 
 
-def capture_run(model: Any, x: torch.Tensor, root: Path, written: dict[str, int]) -> Callable[[], Any]:
+def capture_run(model: Any, x: torch.Tensor, root: Path, written: dict[str, int],
+                writers: int | None = None) -> Callable[[], Any]:
     """A capture into a fresh folder, deleted after; ``written`` gets its payload files and bytes."""
     def run() -> Any:
         folder = Path(tempfile.mkdtemp(dir=root))
         shutil.rmtree(folder)
-        with tracediff.capture(model, folder) as session:
+        with tracediff.capture(model, folder, writers=writers) as session:
             y = model(x)
         sizes = payload_sizes(folder)
         written.update(files=len(sizes), bytes=sum(sizes))
@@ -130,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--width", type=int, default=256)
+    parser.add_argument("--writers", type=int, default=None, help="payload writer threads (default: the capture's)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
 
@@ -141,9 +144,9 @@ def main(argv: list[str] | None = None) -> int:
             written: dict[str, dict[str, int]] = {"eager capture": {}, "compiled capture": {}}
             runs: dict[str, Callable[[], Any]] = {
                 "eager forward": lambda: model(x),
-                "eager capture": capture_run(model, x, root, written["eager capture"]),
+                "eager capture": capture_run(model, x, root, written["eager capture"], args.writers),
                 "compiled forward": lambda: compiled(x),
-                "compiled capture": capture_run(compiled, x, root, written["compiled capture"]),
+                "compiled capture": capture_run(compiled, x, root, written["compiled capture"], args.writers),
                 "write floor": write_floor(eager_sizes(model, x, root), root),
             }
             compile_seconds = {name: timed(run) for name, run in runs.items()}  # warm-up: compiles here
@@ -160,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
 
     report = {
         "torch": torch.__version__, "threads": torch.get_num_threads(), "cpus": os.cpu_count(),
-        "load_average": os.getloadavg()[0], "width": args.width, "repeats": args.repeats,
+        "load_average": os.getloadavg()[0], "width": args.width, "repeats": args.repeats, "writers": args.writers,
         "warm_up_seconds": compile_seconds, "median_seconds": medians,
         "eager_capture_ratio": medians["eager capture"] / medians["eager forward"],
         "compiled_capture_ratio": medians["compiled capture"] / medians["compiled forward"],
@@ -169,8 +172,9 @@ def main(argv: list[str] | None = None) -> int:
         "write_floor_over_compiled_forward": medians["write floor"] / medians["compiled forward"],
         "written": written, "outputs": outputs,
     }
+    writers = "the capture's default" if args.writers is None else args.writers
     print(f"torch {report['torch']}, {report['threads']} threads, {report['cpus']} CPUs, "
-          f"load {report['load_average']:.1f}; width {args.width}; medians of {args.repeats} rounds")
+          f"load {report['load_average']:.1f}; width {args.width}; writers {writers}; medians of {args.repeats} rounds")
     for name in names:
         files = written.get(name)
         wrote = f"; {files['files']} payloads, {files['bytes'] / 1e6:.1f} MB" if files else ""

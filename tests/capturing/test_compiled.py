@@ -424,15 +424,17 @@ def _payload_names(folder: Path) -> dict[tuple[str, int], dict[str, str]]:
     return found
 
 
-def test_a_compiled_capture_writes_each_value_once_as_eager_capture_does(tmp_path: Path) -> None:
+@pytest.mark.parametrize("writers", [0, 2])  # payloads written in the hook; by writer threads (more cores)
+def test_a_compiled_capture_writes_each_value_once_as_eager_capture_does(tmp_path: Path, writers: int) -> None:
     """Inside a compiled graph a module's input comes in inductor's buffer, which may hold the value of the
     call before it or, reused in place, another one: it shares that call's payload when its bytes are the
     payload's, and is written otherwise. Equal bytes are one payload: each block's output, its norm's times a
-    gain of 1.0, is written once here and twice by eager capture (two tensors)."""
+    gain of 1.0, is written once here and twice by eager capture (two tensors). With writer threads the
+    payload is compared with the writer's copy until its file is written, so the same payloads are shared."""
     model, x = tiny(), tokens()
     capture(model, tmp_path / "eager", x, writers=0)
     compiled = torch.compile(model, dynamic=False)  # inductor, the default backend
-    _, session = capture(compiled, tmp_path / "compiled", x, writers=0)
+    _, session = capture(compiled, tmp_path / "compiled", x, writers=writers)
     assert session.complete
     eager_files = sorted(p.name for p in (tmp_path / "eager").glob("*.safetensors"))
     compiled_files = sorted(p.name for p in (tmp_path / "compiled").glob("*.safetensors"))
@@ -445,6 +447,47 @@ def test_a_compiled_capture_writes_each_value_once_as_eager_capture_does(tmp_pat
         assert names[(block, 0)]["output"] == names[(f"{block}.norm", 0)]["output"]
     result = tracediff.align(tmp_path / "eager", tmp_path / "compiled")
     assert result.passed and len(result.rows) > 0
+
+
+def test_a_graph_buffer_is_compared_with_the_writer_threads_copy_until_its_file_is_written(tmp_path: Path) -> None:
+    """With writer threads a payload's file may not be written yet when the next record comes: the record is
+    compared with the writer's host copy then (the same bytes as the file will hold), and with the file
+    once it is written, so what is shared does not depend on how far the writers have got."""
+    import threading
+
+    from tracediff.capturing.encode import Encoder
+    from tracediff.capturing.graph_buffers import mark
+    from tracediff.capturing.pipeline import PayloadPipeline
+    from tracediff.files.payloads import read_tensor_file, write_tensor_file
+
+    gate = threading.Event()
+
+    def held(path: Path, tensor: torch.Tensor) -> int:
+        assert gate.wait(30)
+        return write_tensor_file(path, tensor)
+
+    pipeline = PayloadPipeline(writers=2, write=held)
+    encoder = Encoder(tmp_path, "full", pipeline=pipeline)
+    buffer = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    first = encoder.encode(mark(buffer.detach()), "a")
+    assert not list(tmp_path.glob("*.safetensors")) and pipeline.pending_copy(tmp_path / "a.safetensors") is not None
+    assert encoder.encode(mark(buffer.clone()), "b") is first  # the writer's copy holds these bytes
+    buffer.numpy()[0, 0] = 99.0  # written in place, no version bump
+    changed = encoder.encode(mark(buffer.detach()), "c")
+    assert changed is not first
+    gate.set()
+    written = threading.Event()
+    pipeline.after_written(written.set)
+    assert written.wait(30)
+    assert pipeline.pending_copy(tmp_path / "a.safetensors") is None
+    assert encoder.encode(mark(buffer.clone()), "d") is changed  # compared with c's file now
+    buffer.numpy()[0, 1] = -1.0
+    assert encoder.encode(mark(buffer.detach()), "e") is not changed
+    pipeline.close()
+    assert sorted(p.name for p in tmp_path.glob("*.safetensors")) == ["a.safetensors", "c.safetensors",
+                                                                       "e.safetensors"]
+    assert read_tensor_file(tmp_path / "a.safetensors")[0, 0].item() == 0.0
+    assert read_tensor_file(tmp_path / "c.safetensors")[0, 0].item() == 99.0
 
 
 def test_a_graph_buffer_is_taken_for_a_written_value_only_on_its_bytes(tmp_path: Path) -> None:

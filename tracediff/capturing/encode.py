@@ -76,7 +76,7 @@ class Encoder:
         self.devices: set[str] = self.stage.devices
         self.dtypes: set[str] = self.stage.dtypes
         self._seen: dict[int, tuple[weakref.ref[torch.Tensor], int | None, dict[str, Any]]] = {}
-        self._graph_buffers = WrittenBuffers()  # payloads of a compiled graph's buffers, written in the hook
+        self._graph_buffers = WrittenBuffers()  # payloads of a compiled graph's buffers
         self._stats_buffers = StatsBuffers()
         self._device_stats = DeviceStats(self._stats_buffers)
         # payloads to write once ``value`` is encoded, with the statistics the writer computes (or None)
@@ -145,9 +145,11 @@ class Encoder:
             dtensor: Any = value  # a DTensor: torch's stubs do not know it is a Tensor subclass
             tensor = dtensor.full_tensor() if self.full_dtensor else dtensor._local_tensor
         tensor = tensor.detach()
-        graph_buffer = is_marked(value) and layout is None and self._writes_in_hook()
+        graph_buffer = is_marked(value) and layout is None and self._payloads_comparable()
         if graph_buffer:
-            earlier = self._graph_buffers.entry_for(tensor)
+            pipeline = self.pipeline
+            earlier = self._graph_buffers.entry_for(
+                tensor, pipeline.pending_copy if isinstance(pipeline, PayloadPipeline) else None)
             if earlier is not None:
                 return earlier
         entry = self._describe(tensor, name)
@@ -165,12 +167,12 @@ class Encoder:
         self._seen[key] = (weakref.ref(value, forget), version, entry)
         return entry
 
-    def _writes_in_hook(self) -> bool:
-        """True when payloads are written before ``encode`` returns: ``tensors="full"``, no writer threads, and
-        no decode step holding its payloads until it is known whether they are kept."""
+    def _payloads_comparable(self) -> bool:
+        """True when each payload's bytes can be read back once ``encode`` returns, from its file or from the
+        writer thread's copy: ``tensors="full"``, and no decode step holding its payloads until it is known
+        whether they are kept."""
         pipeline = self.pipeline
-        return self.tensors == "full" and (pipeline is None
-                                           or isinstance(pipeline, PayloadPipeline) and not pipeline.writers)
+        return self.tensors == "full" and (pipeline is None or isinstance(pipeline, PayloadPipeline))
 
     def _measure(self, tensor: torch.Tensor, on_device: bool) -> dict[str, Any]:
         """The statistics of a host tensor now; an empty dict for a device tensor, filled in later."""

@@ -9,11 +9,12 @@ another rule every module's input is written a second time, the output of the ca
 
 The rule here takes a record's tensor for a value written earlier on the evidence of its bytes: a CPU
 tensor of the same dtype, shape and strides as a payload written earlier (the one written from the same
-memory, and the latest of that layout), whose bytes are that payload's, compared whole with its file
-(mapped: the page cache holds it, as a rule). Equal bytes are the same value, which is what a shared
-entry says (docs/trace-format.md). Only where payloads are written in the hook (``writers=0``: the file is
-complete when the next record comes), among the last ``LIMIT`` payloads; anything else is written as
-before.
+memory, and the latest of that layout), whose bytes are that payload's, compared whole with the payload:
+with its file once written (mapped: the page cache holds it, as a rule), or with the writer thread's host
+copy while its file is still being written (``PayloadPipeline.pending_copy``). Either holds the payload's
+bytes, so what is shared never depends on how far the writers have got. Equal bytes are the same value,
+which is what a shared entry says (docs/trace-format.md). Among the last ``LIMIT`` payloads; anything else
+is written as before.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import mmap
 import os
 import weakref
 from collections import OrderedDict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -83,8 +85,10 @@ class WrittenBuffers:
         if len(self._by_layout) > self._limit:
             self._by_layout.clear()  # many layouts: the latest of each is kept again from here
 
-    def entry_for(self, tensor: torch.Tensor) -> dict[str, Any] | None:
-        """The entry of an earlier payload that holds ``tensor``'s bytes now (see the module docstring)."""
+    def entry_for(self, tensor: torch.Tensor, pending: Callable[[Path], torch.Tensor | None] | None = None
+                  ) -> dict[str, Any] | None:
+        """The entry of an earlier payload that holds ``tensor``'s bytes now (see the module docstring);
+        ``pending`` gives the host copy of a payload whose file a writer thread has yet to finish."""
         layout = _layout(tensor)
         if layout is None:
             return None
@@ -98,7 +102,8 @@ class WrittenBuffers:
                 continue
             if data is None:
                 data = byte_view(tensor)
-            if _holds(found[1], data):
+            copy = pending(found[1]) if pending is not None else None
+            if _same_bytes(byte_view(copy), data) if copy is not None else _holds(found[1], data):
                 return found[0]
         return None
 
@@ -131,6 +136,17 @@ def _holds(path: Path, data: torch.Tensor) -> bool:
                     del written  # the map closes only once no array holds it
     except (OSError, ValueError):  # not written (a write that failed), or removed: no evidence
         return False
+
+
+def _same_bytes(copy: torch.Tensor, data: torch.Tensor) -> bool:
+    """True when the flat ``uint8`` tensors ``copy`` and ``data`` hold the same bytes."""
+    size = data.numel()
+    if copy.numel() != size:
+        return False
+    memcmp = _memcmp()
+    if memcmp is None:
+        return bool(torch.equal(copy, data))
+    return bool(memcmp(copy.data_ptr(), data.data_ptr(), size) == 0)
 
 
 @functools.lru_cache(maxsize=1)

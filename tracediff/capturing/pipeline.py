@@ -140,6 +140,7 @@ class PayloadPipeline:
         self._written = 0  # every queued job below this number is done
         self._done_above: set[int] = set()  # done jobs at or above ``_written`` (writers finish out of order)
         self._waiting: deque[tuple[int, Callable[[], None]]] = deque()
+        self._pending: dict[Path, torch.Tensor] = {}  # host copies of CPU payloads no writer has finished
         self._queue: queue.Queue[_Job | None] = queue.Queue()
         self._streams: dict[torch.device, Any] = {}
         self._inline_buffers = StatsBuffers()  # for the payloads ``submit`` writes itself
@@ -184,8 +185,20 @@ class PayloadPipeline:
             view.copy_(tensor)
         with self._lock:
             seq, self._submitted = self._submitted, self._submitted + 1
+            if done is None:
+                self._pending[path] = view
         self._queue.put(_Job(path, view, buffer, done, source, seq, measure))
         return nbytes
+
+    def pending_copy(self, path: Path) -> torch.Tensor | None:
+        """The host copy of the CPU payload submitted for ``path`` while no writer has finished it, else None
+        (its file is then as complete as it will be).
+
+        Its bytes are the payload's for as long as the caller submits nothing: a buffer a writer gives back is
+        handed out again only by ``submit``, on the capture's own thread.
+        """
+        with self._lock:
+            return self._pending.get(path)
 
     def _copy_from_cuda(self, view: torch.Tensor, tensor: torch.Tensor) -> Any:
         """A non-blocking copy on a side stream, ordered after the producer and before the forward's next write."""
@@ -228,6 +241,8 @@ class PayloadPipeline:
             except Exception as e:  # noqa: BLE001 - reported as the capture's failure, never lost
                 self._fail(OutputDirError(f"{job.path}: could not write payload: {type(e).__name__}: {e}"))
             finally:
+                with self._lock:
+                    self._pending.pop(job.path, None)
                 self.pool.release(job.buffer)
                 self._job_done(job.seq)
 
