@@ -174,6 +174,7 @@ def configurations(gguf: Path, tokens: list[int], out_root: Path,
 
     from tracediff.capturing.adapters.ggml_tensor import GgmlTensor, n_dims, read_data
     from tracediff.capturing.stats import CHUNK, _compiled_stats, float_summary
+    from tracediff.trace.payload import as_floats
 
     kernel = _compiled_stats()
 
@@ -186,7 +187,7 @@ def configurations(gguf: Path, tokens: list[int], out_root: Path,
         shape = tuple(int(n) for n in tensor.ne[:n_dims(tensor)])[::-1]
         values = read_data(lib, tensor, shape).reshape(-1)
         if values.dtype == np.uint16:  # bfloat16's bits
-            values = (values.astype(np.uint32) << 16).view(np.float32)
+            values = as_floats(values, "bfloat16", np.float32)
         if values.dtype.kind == "f" and values.size and kernel is not None:
             wide = values if values.dtype in (np.float32, np.float64) else values.astype(np.float32)
             float_summary(values.size, kernel.stats(np.ascontiguousarray(wide), CHUNK).tolist())
